@@ -1,0 +1,193 @@
+"""Reading the caller's array cheaply, and making results of the caller's type.
+
+Each adapter answers: where the data lives (host, or a GPU of a vendor), its
+pointer, shape, element strides, dtype name and the caller's current stream,
+and how to allocate an output or scratch of the same library on the same device.
+Nothing here copies or wraps the caller's array on the hot path.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ._dtypes import host_dtype, itemsize, storage_name
+
+#: DLPack device types
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
+
+
+class Host:
+    """A numpy array (torch CPU tensors and host DLPack producers arrive as one)."""
+
+    on_device = False
+
+    def __init__(self, array: np.ndarray, wrap=None):
+        self.array = array
+        self.wrap = wrap or (lambda a: a)
+        self.dtype = storage_name(array.dtype)
+        self.shape = array.shape
+
+
+class DeviceArray:
+    """A GPU array of cupy or torch, read without wrapping it."""
+
+    on_device = True
+    vendor: str  # "cuda" | "hip"
+    device_index: int
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    ptr: int
+
+    def empty(self, shape):  # an output of the caller's library, C-contiguous
+        raise NotImplementedError
+
+    def scratch(self, nbytes: int):  # (pointer, keep-alive object)
+        raise NotImplementedError
+
+    def stream(self) -> int:
+        raise NotImplementedError
+
+    def contiguous(self) -> DeviceArray:
+        raise NotImplementedError
+
+    def copy_into(self, target) -> None:  # target[...] = self
+        raise NotImplementedError
+
+    def result(self, y):
+        return y
+
+
+class TorchDevice(DeviceArray):
+    def __init__(self, t):
+        import torch
+
+        self.torch, self.array = torch, t
+        self.vendor = "hip" if torch.version.hip else "cuda"
+        self.device_index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        self.dtype = storage_name(t.dtype)
+        self.shape = tuple(t.shape)
+        self.strides = tuple(t.stride())
+        self.ptr = t.data_ptr()
+
+    def empty(self, shape):
+        return self.torch.empty(shape, dtype=self.array.dtype, device=self.array.device)
+
+    def scratch(self, nbytes):
+        buf = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.array.device)
+        return buf.data_ptr(), buf
+
+    def stream(self):
+        return self.torch.cuda.current_stream(self.device_index).cuda_stream
+
+    def contiguous(self):
+        return TorchDevice(self.array.contiguous())
+
+    def copy_into(self, target):
+        target.copy_(self.array)
+
+
+class CupyDevice(DeviceArray):
+    def __init__(self, a, wrap=None):
+        import cupy
+
+        self.cupy, self.array = cupy, a
+        self.vendor = "hip" if cupy.cuda.runtime.is_hip else "cuda"
+        self.device_index = a.device.id
+        self.dtype = storage_name(a.dtype)
+        self.shape = a.shape
+        self.strides = tuple(s // a.itemsize for s in a.strides)
+        self.ptr = a.data.ptr
+        self.wrap = wrap
+
+    def empty(self, shape):
+        with self.cupy.cuda.Device(self.device_index):
+            return self.cupy.empty(shape, dtype=self.array.dtype)
+
+    def scratch(self, nbytes):
+        with self.cupy.cuda.Device(self.device_index):
+            buf = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+        return buf.data.ptr, buf
+
+    def stream(self):
+        return self.cupy.cuda.get_current_stream(self.device_index).ptr
+
+    def contiguous(self):
+        with self.cupy.cuda.Device(self.device_index):
+            return CupyDevice(self.cupy.ascontiguousarray(self.array), self.wrap)
+
+    def copy_into(self, target):
+        target[...] = self.array
+
+    def result(self, y):
+        return self.wrap(y) if self.wrap else y
+
+
+def _namespace_of(x):
+    ns = getattr(x, "__array_namespace__", None)
+    return ns() if ns else sys.modules.get(type(x).__module__.split(".")[0])
+
+
+def classify(x) -> Host | DeviceArray:
+    """The adapter for ``x``; raises TypeError for what is not an array."""
+    if isinstance(x, np.ndarray):
+        return Host(x)
+    if isinstance(x, (np.generic,)):
+        return Host(np.asarray(x), wrap=lambda a: a[()])
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        if x.device.type == "cpu":
+            return _torch_host(x)
+        if x.device.type == "cuda":
+            return TorchDevice(x)
+        raise TypeError(f"torch tensors on {x.device.type} are not supported; use a CPU or CUDA/ROCm tensor")
+    if module == "cupy":
+        return CupyDevice(x)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _from_dlpack(x)
+    if isinstance(x, (list, tuple, float, int)):
+        raise TypeError(
+            f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}; "
+            "wrap Python numbers with numpy.asarray(...)"
+        )
+    raise TypeError(
+        f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}"
+    )
+
+
+def _torch_host(t) -> Host:
+    import torch
+
+    name = storage_name(t.dtype)
+    if name == "bfloat16":  # numpy has no bfloat16: share the bits through ml_dtypes
+        arr = t.detach().view(torch.int16).numpy().view(host_dtype("bfloat16"))
+        return Host(arr, wrap=lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16))
+    return Host(t.detach().numpy(), wrap=torch.from_numpy)
+
+
+def _from_dlpack(x) -> Host | DeviceArray:
+    dev_type, _ = x.__dlpack_device__()
+    xp = _namespace_of(x)
+    if dev_type in (KDL_CPU, KDL_CUDA_HOST):
+        host = np.from_dlpack(x)
+        back = getattr(xp, "asarray", None) or getattr(xp, "from_dlpack")
+        return Host(host, wrap=back)
+    if dev_type in (KDL_CUDA, KDL_ROCM):
+        import cupy
+
+        arr = cupy.from_dlpack(x)
+        back = getattr(xp, "from_dlpack", None)
+        return CupyDevice(arr, wrap=back)
+    raise TypeError(f"DLPack device type {dev_type} is not supported (CPU, CUDA and ROCm are)")
+
+
+def host_view(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """shape and element strides of a numpy array."""
+    return a.shape, tuple(s // a.itemsize for s in a.strides)
+
+
+def element_misalign(ptr: int, dtype: str) -> int:
+    size = itemsize(dtype)
+    return (ptr // size) % (16 // size)

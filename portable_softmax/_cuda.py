@@ -1,0 +1,143 @@
+"""NVIDIA runtime adapter, through cupy.
+
+Loads the AOT fatbin of a dtype (``kernels/softmax_<tag>.fatbin``) as a module;
+when it holds no code for the device, compiles the packaged source with NVRTC
+for the device's arch (cupy caches the binary on disk). Launches go through
+cuLaunchKernel on the caller's stream with the plan's packed arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import _variants as V
+from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
+from .planner import DeviceProfile, Plan
+
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_DYNAMIC_SHARED = 48 * 1024
+
+
+class CudaRuntime:
+    vendor = "cuda"
+
+    def __init__(self):
+        import cupy
+        import cupyx
+
+        self.cupyx = cupyx
+        if cupy.cuda.runtime.is_hip:
+            raise RuntimeError("the installed cupy is built for ROCm, not CUDA")
+        self.cupy = cupy
+        self.driver = cupy.cuda.driver
+        self.device_count = cupy.cuda.runtime.getDeviceCount()
+        self._profiles: dict[int, DeviceProfile] = {}
+        self._modules: dict[tuple[int, str], Any] = {}
+        self._functions: dict[tuple[int, str], int] = {}
+        self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
+
+    # ---- probe ---------------------------------------------------------------------
+    def profile(self, device: int) -> DeviceProfile:
+        prof = self._profiles.get(device)
+        if prof is None:
+            p = self.cupy.cuda.runtime.getDeviceProperties(device)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+            prof = DeviceProfile(
+                name=name,
+                vendor="nvidia",
+                arch=f"sm_{p['major']}{p['minor']}",
+                warp_size=int(p["warpSize"]),
+                multiprocessors=int(p["multiProcessorCount"]),
+                max_threads_per_block=int(p["maxThreadsPerBlock"]),
+                shared_mem_per_block=int(p["sharedMemPerBlock"]),
+                shared_mem_per_block_optin=int(p.get("sharedMemPerBlockOptin", p["sharedMemPerBlock"])),
+                max_grid_x=int(p["maxGridSize"][0]),
+            )
+            self._profiles[device] = prof
+        return prof
+
+    def versions(self) -> dict[str, str]:
+        rt = self.cupy.cuda.runtime
+        return {
+            "runtime_package": f"cupy {self.cupy.__version__}",
+            "driver_version": str(rt.driverGetVersion()),
+            "runtime_version": str(rt.runtimeGetVersion()),
+        }
+
+    # ---- modules ---------------------------------------------------------------------
+    def _module(self, device: int, dtype: str):
+        key = (device, dtype)
+        mod = self._modules.get(key)
+        if mod is not None:
+            return mod
+        tag = V.DTYPES[dtype][0]
+        fatbin = KERNEL_DIR / f"softmax_{tag}.fatbin"
+        with self.cupy.cuda.Device(device):
+            if fatbin.is_file() and not os.environ.get("PORTABLE_SOFTMAX_FORCE_JIT"):
+                try:
+                    mod = self.cupy.RawModule(path=str(fatbin))
+                    mod.get_function(V.strided_name(dtype, "softmax"))  # loads; fails without code for the arch
+                    self.sources[key] = f"aot:{fatbin}"
+                except self.cupy.cuda.driver.CUDADriverError:
+                    mod = None
+            if mod is None:
+                code = inline_source(source_dir("cuda") / V.source_file_name(dtype))
+                mod = self.cupy.RawModule(code=code, options=("-std=c++17",), backend="nvrtc")
+                mod.get_function(V.strided_name(dtype, "softmax"))  # compile now, errors here
+                self.sources[key] = "jit:nvrtc"
+        self._modules[key] = mod
+        return mod
+
+    def function(self, device: int, dtype: str, name: str, shared_mem: int) -> int:
+        key = (device, name)
+        ptr = self._functions.get(key)
+        if ptr is None:
+            fn = self._module(device, dtype).get_function(name)
+            ptr = fn.ptr
+            self._functions[key] = ptr
+        if shared_mem > _DEFAULT_DYNAMIC_SHARED:
+            self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)
+        return ptr
+
+    def kernel_source(self, device: int, dtype: str) -> str:
+        self._module(device, dtype)
+        return self.sources[(device, dtype)]
+
+    # ---- launch ---------------------------------------------------------------------
+    def launch(self, plan: Plan, dtype: str, buffers: dict[str, int], stream: int, device: int) -> None:
+        if device != self.current_device():
+            with self.cupy.cuda.Device(device):
+                return self.launch(plan, dtype, buffers, stream, device)
+        for step in plan.launches:
+            fn = self.function(device, dtype, step.kernel, step.shared_mem)
+            packed = PackedArgs(step.args, buffers)
+            self.driver.launchKernel(fn, step.grid, 1, 1, step.block, 1, 1, step.shared_mem, stream,
+                                     packed.address, 0)
+
+    def run_host(self, x: np.ndarray, plan: Plan, dtype: str, device: int) -> np.ndarray:
+        """A C-contiguous host array through pinned buffers and async copies on the current stream."""
+        cupy = self.cupy
+        with cupy.cuda.Device(device):
+            stream = cupy.cuda.get_current_stream()
+            pinned = self.cupyx.empty_pinned(x.nbytes, np.uint8)
+            pinned[...] = x.reshape(-1).view(np.uint8)
+            x_dev = cupy.empty(x.nbytes, np.uint8)
+            y_dev = cupy.empty(x.nbytes, np.uint8)
+            x_dev.set(pinned, stream=stream)
+            buffers = {"x": x_dev.data.ptr, "y": y_dev.data.ptr}
+            scratch = cupy.empty(plan.scratch_bytes, np.uint8) if plan.scratch_bytes else None
+            if scratch is not None:
+                buffers["partials"] = scratch.data.ptr
+            self.launch(plan, dtype, buffers, stream.ptr, device)
+            y_dev.get(stream=stream, out=pinned)
+            stream.synchronize()
+            return pinned.view(x.dtype).reshape(x.shape).copy()
+
+    def current_device(self) -> int:
+        return self.cupy.cuda.runtime.getDevice()
+
+    def cache_dir(self) -> str:
+        return os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))

@@ -1,0 +1,34 @@
+"""Dtype names shared by every array library, and the error for unsupported ones."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SUPPORTED = ("float32", "float16", "bfloat16", "float64")
+
+
+class UnsupportedDtypeError(TypeError):
+    pass
+
+
+def storage_name(dtype) -> str:
+    """'float32' | 'float16' | 'bfloat16' | 'float64' for a numpy/cupy/torch/ml_dtypes dtype."""
+    name = str(dtype).removeprefix("torch.")
+    if name in SUPPORTED:
+        return name
+    raise UnsupportedDtypeError(
+        f"softmax needs a floating-point input; got dtype {name}. Supported dtypes: {', '.join(SUPPORTED)}"
+    )
+
+
+def host_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a storage name (bfloat16 through ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def itemsize(name: str) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[name]

@@ -1,0 +1,196 @@
+"""The public calls: softmax, log_softmax and the backend switch."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator, TypeVar
+
+import numpy as np
+
+from . import _probe
+from ._arrays import DeviceArray, Host, classify, element_misalign, host_view
+from .layout import Rows, Strided, describe, normalize_axis
+from .planner import Plan, RowProblem, StridedProblem, plan
+from .reference import compute_on_host
+
+ArrayT = TypeVar("ArrayT")
+
+_forced_host_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("host_backend", default=None)
+#: extra host backends by name (runtimes with ``profile`` / ``current_device`` / ``run_host``)
+host_runtimes: dict[str, Any] = {}
+
+
+def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool = False) -> ArrayT:
+    """Softmax of ``x`` along ``axis``, as an array of the caller's type on the caller's device.
+
+    numpy, cupy and torch arrays and any ``__dlpack__`` producer are accepted; float16 and
+    bfloat16 compute in float32, float64 in float64. Device arrays are computed in place on
+    their device, on the caller's current stream. A row of all -inf gives NaN (like torch),
+    or 0 with ``safe=True``.
+
+    >>> import numpy as np, portable_softmax as ps
+    >>> ps.softmax(np.array([[1.0, 1.0], [0.0, -np.inf]], dtype=np.float32))
+    array([[0.5, 0.5],
+           [1. , 0. ]], dtype=float32)
+    """
+    return _apply(x, axis, "softmax", out, bool(safe))
+
+
+def log_softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+    """log(softmax(x)) along ``axis``, computed stably as x - max - log(sum(exp(x - max))).
+
+    >>> import numpy as np, portable_softmax as ps
+    >>> ps.log_softmax(np.array([0.0, 0.0]))
+    array([-0.69314718, -0.69314718])
+    """
+    return _apply(x, axis, "log_softmax", out, False)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run host (numpy) inputs on backend ``name`` inside the block ('cpu', 'cuda', 'hip', ...).
+
+    >>> import numpy as np, portable_softmax as ps
+    >>> with ps.use_backend("cpu"):
+    ...     ps.softmax(np.zeros(4, np.float32))
+    array([0.25, 0.25, 0.25, 0.25], dtype=float32)
+    """
+    if name not in _probe.BACKENDS and name not in host_runtimes:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join((*_probe.BACKENDS, *host_runtimes))}")
+    if name in ("cuda", "hip"):
+        _probe.runtime(name)  # a clear error now if it cannot run here
+    token = _forced_host_backend.set(name)
+    try:
+        yield
+    finally:
+        _forced_host_backend.reset(token)
+
+
+def _apply(x, axis, op: str, out, safe: bool):
+    src = classify(x)
+    axis = normalize_axis(axis, len(src.shape))
+    dst = _check_out(src, out)
+    if src.on_device:
+        return _run_device(src, axis, op, safe, dst, out)
+    return _run_host(src, axis, op, safe, dst, out)
+
+
+def _check_out(src, out):
+    if out is None:
+        return None
+    dst = classify(out)
+    if dst.on_device != src.on_device or (
+        src.on_device and (dst.vendor, dst.device_index) != (src.vendor, src.device_index)
+    ):
+        where = f"{src.vendor}:{src.device_index}" if src.on_device else "host"
+        raise ValueError(f"out must live where the input does ({where}); got {type(out).__name__} elsewhere")
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"out has shape {tuple(dst.shape)}; the input's shape {tuple(src.shape)} is required")
+    if dst.dtype != src.dtype:
+        raise ValueError(f"out has dtype {dst.dtype}; the input's dtype {src.dtype} is required")
+    strides = dst.strides if dst.on_device else host_view(dst.array)[1]
+    if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
+        raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
+    return dst
+
+
+# ---- host arrays ---------------------------------------------------------------------
+def _run_host(src: Host, axis: int, op: str, safe: bool, dst: Host | None, out):
+    name = _forced_host_backend.get() or _probe.host_backend()
+    x = src.array
+    if name == "cpu" or x.ndim == 0 or x.size == 0:
+        result = compute_on_host(x, axis, op, safe)
+    else:
+        rt = host_runtimes[name] if name in host_runtimes else _probe.runtime(name)
+        result = run_host_array(rt, x, axis, op, safe)
+    if dst is not None:
+        dst.array[...] = result
+        return out
+    return src.wrap(result)
+
+
+def problem_for(dtype: str, op: str, safe: bool, xl: Rows | Strided, yl: Rows | Strided,
+                x_ptr: int, y_ptr: int) -> RowProblem | StridedProblem:
+    """The planner's problem for input and output layouts of the same shape."""
+    if isinstance(xl, Rows) and isinstance(yl, Rows):
+        return RowProblem(dtype, op, xl.rows, xl.cols, xl.row_stride, yl.row_stride,
+                          element_misalign(x_ptr, dtype), element_misalign(y_ptr, dtype), safe)
+    xs, ys = (_as_strided(xl), _as_strided(yl))
+    return StridedProblem(dtype, op, xs.outer, xs.cols, xs.inner, xs.strides, ys.strides, safe)
+
+
+def _as_strided(layout: Rows | Strided) -> Strided:
+    if isinstance(layout, Strided):
+        return layout
+    return Strided(layout.rows, layout.cols, 1, (layout.row_stride, 1, 0))
+
+
+def run_host_array(rt, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndarray:
+    """Compute a host array on a runtime that stages it (GPU runtimes, the emulation)."""
+    x = np.ascontiguousarray(x)
+    shape, strides = host_view(x)
+    layout = describe(shape, strides, axis)
+    dtype = src_dtype(x)
+    device = rt.current_device()
+    # Staging buffers are 256-byte aligned, so both sides start aligned.
+    problem = problem_for(dtype, op, safe, layout, layout, 0, 0)
+    return rt.run_host(x, plan(problem, rt.profile(device)), dtype, device)
+
+
+def src_dtype(x: np.ndarray) -> str:
+    from ._dtypes import storage_name
+
+    return storage_name(x.dtype)
+
+
+# ---- device arrays -------------------------------------------------------------------------
+def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArray | None, out):
+    rt = _probe.runtime(src.vendor)
+    shape = tuple(src.shape)
+    if len(shape) == 0 or 0 in shape:
+        y = dst.array if dst is not None else src.empty(shape)
+        if len(shape) == 0:
+            y[...] = 1.0 if op == "softmax" else 0.0
+        return src.result(y) if dst is None else out
+    xl = describe(shape, src.strides, axis)
+    if xl is None or (isinstance(xl, Strided) and xl.inner == 1):
+        src = src.contiguous()  # dims that do not collapse, or a strided last axis
+        xl = describe(shape, src.strides, axis)
+    target, yl = None, None
+    if dst is not None:
+        yl = describe(shape, dst.strides, axis)
+        if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows):
+            target = dst
+    if target is None:
+        y = src.empty(shape)
+        yl = describe(shape, tuple(_element_strides(y)), axis)
+        y_ptr, y_obj = _pointer(y), y
+    else:
+        y_ptr, y_obj = target.ptr, target.array
+    problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, y_ptr)
+    _launch(rt, src, plan(problem, rt.profile(src.device_index)), y_ptr)
+    if dst is not None:
+        if target is None:
+            type(src)(y_obj).copy_into(dst.array)
+        return out
+    return src.result(y_obj)
+
+
+def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
+    buffers = {"x": src.ptr, "y": y_ptr}
+    keep = None
+    if the_plan.scratch_bytes:
+        buffers["partials"], keep = src.scratch(the_plan.scratch_bytes)
+    rt.launch(the_plan, src.dtype, buffers, src.stream(), src.device_index)
+    del keep  # stream-ordered allocators reuse it only after the launches above
+
+
+def _element_strides(y) -> tuple[int, ...]:
+    if hasattr(y, "data_ptr"):
+        return tuple(y.stride())
+    return tuple(s // y.itemsize for s in y.strides)
+
+
+def _pointer(y) -> int:
+    return y.data_ptr() if hasattr(y, "data_ptr") else y.data.ptr

@@ -1,0 +1,222 @@
+"""The dispatch planner: a pure function from (problem, device limits) to launches.
+
+Nothing here touches a GPU, so every decision is unit-tested against device
+profiles (an NVIDIA H100, an AMD MI300X at warp 64, an RDNA3 card at warp 32).
+
+>>> from portable_softmax.planner import DeviceProfile, RowProblem, plan
+>>> h100 = DeviceProfile.h100()
+>>> p = plan(RowProblem("float32", "softmax", rows=4096, cols=1000), h100)
+>>> p.tier, p.launches[0].kernel
+('warp', 'ps_warp_f32_softmax_w32_l32_s8_v4')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from math import ceil
+
+from . import _variants as V
+
+#: argument kinds understood by every runtime adapter
+PTR, I64, I32 = "ptr", "i64", "i32"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What the planner needs to know about a device (read by the probe)."""
+
+    name: str
+    vendor: str  # "nvidia" | "amd" | "emulated"
+    arch: str
+    warp_size: int
+    multiprocessors: int
+    max_threads_per_block: int = 1024
+    shared_mem_per_block: int = 48 * 1024
+    shared_mem_per_block_optin: int = 48 * 1024
+    max_grid_x: int = 2**31 - 1
+
+    @classmethod
+    def h100(cls) -> DeviceProfile:
+        return cls("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 32, 132, 1024, 48 * 1024, 227 * 1024)
+
+    @classmethod
+    def mi300x(cls) -> DeviceProfile:
+        return cls("AMD Instinct MI300X", "amd", "gfx942", 64, 304, 1024, 64 * 1024, 64 * 1024)
+
+    @classmethod
+    def rdna3(cls) -> DeviceProfile:
+        return cls("AMD Radeon RX 7900 XTX", "amd", "gfx1100", 32, 96, 1024, 64 * 1024, 64 * 1024)
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """Softmax along contiguous rows: element (r, c) at x[r * x_stride + c].
+
+    ``x_misalign`` / ``y_misalign`` are the base addresses in elements modulo the
+    widest vector (``address // itemsize % (16 // itemsize)``).
+    """
+
+    dtype: str
+    op: str
+    rows: int
+    cols: int
+    x_stride: int | None = None
+    y_stride: int | None = None
+    x_misalign: int = 0
+    y_misalign: int = 0
+    safe: bool = False
+
+    def strides(self) -> tuple[int, int]:
+        return (self.cols if self.x_stride is None else self.x_stride,
+                self.cols if self.y_stride is None else self.y_stride)
+
+
+@dataclass(frozen=True)
+class StridedProblem:
+    """Softmax along the middle axis of an (outer, cols, inner) view with element strides."""
+
+    dtype: str
+    op: str
+    outer: int
+    cols: int
+    inner: int
+    x_strides: tuple[int, int, int]
+    y_strides: tuple[int, int, int]
+    safe: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: int
+    block: int
+    shared_mem: int
+    #: (kind, value): kind PTR takes a buffer name ("x", "y", "partials")
+    args: tuple[tuple[str, int | str], ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    tier: str
+    launches: tuple[Launch, ...]
+    #: bytes of device scratch the launches address as "partials"
+    scratch_bytes: int = 0
+    notes: dict = field(default_factory=dict, compare=False)
+
+
+class PlanError(ValueError):
+    pass
+
+
+def _check_common(dtype: str, op: str, device: DeviceProfile) -> None:
+    if dtype not in V.DTYPES:
+        raise PlanError(f"dtype {dtype!r} has no kernels; supported: {', '.join(V.DTYPES)}")
+    if op not in V.OPS:
+        raise PlanError(f"op {op!r} unknown; supported: {', '.join(V.OPS)}")
+    if device.warp_size not in V.WARP_SIZES:
+        raise PlanError(f"warp size {device.warp_size} of {device.name} is not one of {V.WARP_SIZES}")
+
+
+def _grid(work_blocks: int, device: DeviceProfile, blocks_per_sm: int = 32) -> int:
+    """Enough blocks to fill the device many times; grid-stride loops do the rest."""
+    return max(1, min(work_blocks, device.multiprocessors * blocks_per_sm, device.max_grid_x))
+
+
+def choose_vec(p: RowProblem) -> int:
+    """Widest vector whose slots line up in both input and output rows."""
+    widest = V.vector_widths(p.dtype)[1]
+    xs, ys = p.strides()
+    same_base = (p.x_misalign - p.y_misalign) % widest == 0
+    same_step = p.rows <= 1 or (xs - ys) % widest == 0
+    return widest if same_base and same_step else 1
+
+
+def slots_needed(p: RowProblem, vec: int) -> int:
+    """Slots covering the longest row, counting its unaligned head."""
+    xs, _ = p.strides()
+    if p.rows <= 1 or xs % vec == 0:
+        pad = p.x_misalign % vec
+    else:
+        pad = vec - 1  # rows start at different offsets: assume the worst
+    return ceil((pad + p.cols) / vec)
+
+
+def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVariant | None:
+    for v in V.warp_variants(p.dtype, p.op, warp, vec):
+        if v.lanes * v.slots >= slots:
+            return v
+    return None
+
+
+def _safe(p) -> int:
+    return int(p.safe and p.op == "softmax")
+
+
+@lru_cache(maxsize=4096)
+def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
+    """Pick the kernel variant(s) and launch shapes for one problem on one device."""
+    _check_common(problem.dtype, problem.op, device)
+    if isinstance(problem, StridedProblem):
+        return _plan_strided(problem, device)
+    return _plan_rows(problem, device)
+
+
+def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
+    if p.rows <= 0 or p.cols <= 0:
+        return Plan("empty", ())
+    warp = device.warp_size
+    vec = choose_vec(p)
+    slots = slots_needed(p, vec)
+    xs, ys = p.strides()
+    row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))
+    itemsize = V.DTYPES[p.dtype][2]
+
+    variant = _warp_variant(p, warp, vec, slots)
+    if variant is not None:
+        threads = max(V.WARP_TIER_THREADS, 2 * warp)
+        rows_per_block = threads // variant.lanes
+        launch = Launch(variant.name, _grid(ceil(p.rows / rows_per_block), device), threads, 0,
+                        row_args + ((I32, _safe(p)),))
+        return Plan("warp", (launch,), notes={"vec": vec, "slots": slots})
+
+    cache_bytes = slots * vec * itemsize
+    # The block reduction's static scratch lives beside the dynamic row cache.
+    static_bytes = 2 * (1024 // warp) * (8 if V.compute_type(p.dtype) == "double" else 4)
+    # Long rows, too few of them to occupy every multiprocessor, go to the split tier.
+    few_rows = p.rows < device.multiprocessors and slots > 16 * device.max_threads_per_block
+    if cache_bytes + static_bytes <= device.shared_mem_per_block_optin and not few_rows:
+        threads = min(device.max_threads_per_block, max(4 * warp, ceil(slots / 8 / warp) * warp))
+        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _grid(p.rows, device, 4), threads,
+                        cache_bytes, row_args + ((I32, _safe(p)),))
+        return Plan("block", (launch,), notes={"vec": vec, "slots": slots})
+
+    threads = device.max_threads_per_block
+    min_chunk = 4 * threads  # each thread streams at least four slots per chunk
+    max_chunk = 64 * threads
+    chunks = max(ceil(slots / max_chunk), ceil(2 * device.multiprocessors / p.rows))
+    chunks = max(1, min(chunks, ceil(slots / min_chunk)))
+    chunk_slots = ceil(slots / chunks)
+    chunks = ceil(slots / chunk_slots)
+    jobs = p.rows * chunks
+    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    grid = _grid(jobs, device, 4)
+    partials = Launch(V.split_partials_name(p.dtype, warp, vec), grid, threads, 0,
+                      (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
+                       (I64, chunk_slots), (I64, chunks)))
+    normalize = Launch(V.split_normalize_name(p.dtype, p.op, warp, vec), grid, threads, 0,
+                       (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
+                        (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
+    return Plan("split", (partials, normalize), scratch_bytes=2 * jobs * compute_bytes,
+                notes={"vec": vec, "slots": slots, "chunks": chunks, "chunk_slots": chunk_slots})
+
+
+def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
+    lines = p.outer * p.inner
+    if lines <= 0 or p.cols <= 0:
+        return Plan("empty", ())
+    threads = 256
+    args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
+            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, _safe(p)))
+    launch = Launch(V.strided_name(p.dtype, p.op), _grid(ceil(lines / threads), device, 8), threads, 0, args)
+    return Plan("strided", (launch,))

@@ -1,0 +1,89 @@
+// portable.cuh: the only file that knows which vendor compiles the kernels.
+//
+// Kernels see: half_t / bfloat16_t storage types, to_compute / from_compute
+// conversions, warp_shfl_xor(v, lane_mask, width), math (ps_exp, ps_log),
+// and the PS_* qualifiers. The warp size is never read here: kernels take it
+// as a template parameter (WARP) chosen by the host from the device.
+#pragma once
+
+#if defined(PORTABLE_SOFTMAX_EMULATION)
+// Host-compiled SIMT emulation (tests/emulation): supplies threads, shuffles,
+// shared memory and the 16-bit float types.
+#include "emulation_runtime.h"
+#define PS_DEVICE inline
+#define PS_WAVE64 1
+
+#elif defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+#define PS_DEVICE __device__ __forceinline__
+#define PS_WAVE64 1
+typedef __half half_t;
+typedef __hip_bfloat16 bfloat16_t;
+
+// The mask-less shuffle exchanges among `width` lanes of the wavefront; it is
+// correct for wave32 and wave64 alike and needs no 32- or 64-bit lane mask.
+template <typename V>
+PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
+  return __shfl_xor(v, lane_mask, width);
+}
+
+#else  // NVIDIA CUDA (nvcc or NVRTC)
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define PS_DEVICE __device__ __forceinline__
+#define PS_WAVE64 0  // NVIDIA warps are 32 lanes: WARP=64 variants are not built
+typedef __half half_t;
+typedef __nv_bfloat16 bfloat16_t;
+
+// Every lane of a 32-lane NVIDIA warp takes part in each shuffle (kernels keep
+// loops warp-uniform), so the mask names the whole warp.
+constexpr unsigned kWholeWarpMask = ~0u;
+template <typename V>
+PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
+  return __shfl_xor_sync(kWholeWarpMask, v, lane_mask, width);
+}
+#endif
+
+#if !defined(PORTABLE_SOFTMAX_EMULATION)
+#define PS_GLOBAL extern "C" __global__
+#define PS_SHARED __shared__
+#define PS_SYNC() __syncthreads()
+#define PS_THREAD_X threadIdx.x
+#define PS_BLOCK_X blockIdx.x
+#define PS_BLOCK_DIM_X blockDim.x
+#define PS_GRID_DIM_X gridDim.x
+#define PS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// One dynamic shared-memory symbol for every kernel of a translation unit
+// (its declarations must agree); 16-byte elements keep any vector aligned.
+#define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]
+#endif
+
+// ---- storage type <-> compute type -------------------------------------
+// float32/float16/bfloat16 compute in float; float64 computes in double.
+template <typename T> struct compute_of { typedef float type; };
+template <> struct compute_of<double> { typedef double type; };
+
+PS_DEVICE float to_compute(float v) { return v; }
+PS_DEVICE double to_compute(double v) { return v; }
+PS_DEVICE float to_compute(half_t v) { return __half2float(v); }
+PS_DEVICE float to_compute(bfloat16_t v) { return __bfloat162float(v); }
+
+template <typename T> PS_DEVICE T from_compute(typename compute_of<T>::type v);
+template <> PS_DEVICE float from_compute<float>(float v) { return v; }
+template <> PS_DEVICE double from_compute<double>(double v) { return v; }
+template <> PS_DEVICE half_t from_compute<half_t>(float v) { return __float2half_rn(v); }
+template <> PS_DEVICE bfloat16_t from_compute<bfloat16_t>(float v) { return __float2bfloat16_rn(v); }
+
+// ---- math ------------------------------------------------------------------
+// Full-precision exp/log: the results are checked against float64 at rtol 1e-5,
+// which the fast approximations miss for large |x - max|.
+PS_DEVICE float ps_exp(float v) { return expf(v); }
+PS_DEVICE double ps_exp(double v) { return exp(v); }
+PS_DEVICE float ps_log(float v) { return logf(v); }
+PS_DEVICE double ps_log(double v) { return log(v); }
+template <typename C> PS_DEVICE C ps_neg_inf() { return -__builtin_huge_valf(); }
+template <> PS_DEVICE double ps_neg_inf<double>() { return -__builtin_huge_val(); }
+template <typename C> PS_DEVICE C ps_nan() { return __builtin_nanf(""); }
+template <> PS_DEVICE double ps_nan<double>() { return __builtin_nan(""); }
