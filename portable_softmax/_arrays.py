@@ -172,7 +172,7 @@ def _from_dlpack(x) -> Host | DeviceArray:
     xp = _namespace_of(x)
     if dev_type in (KDL_CPU, KDL_CUDA_HOST):
         host = np.from_dlpack(x)
-        back = getattr(xp, "asarray", None) or getattr(xp, "from_dlpack")
+        back = getattr(xp, "asarray", None) or xp.from_dlpack
         return Host(host, wrap=back)
     if dev_type in (KDL_CUDA, KDL_ROCM):
         import cupy

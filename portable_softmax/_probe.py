@@ -8,7 +8,7 @@ they live on, through that vendor's runtime.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 from . import __version__
 
@@ -43,7 +43,7 @@ def _try_hip():
 _OPENERS = {"cuda": _try_cuda, "hip": _try_hip}
 
 
-@lru_cache(maxsize=None)
+@cache
 def runtime(vendor: str):
     """The runtime adapter of a vendor (cached), or BackendUnavailableError saying why not."""
     try:
@@ -54,7 +54,7 @@ def runtime(vendor: str):
         raise BackendUnavailableError(f"{type(e).__name__}: {e}") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _choice(forced: str | None) -> tuple[str, tuple[tuple[str, str], ...]]:
     reasons = []
     if forced:

@@ -26,7 +26,7 @@ WARP_SIZES = (32, 64)
 #: threads per block of the register tier; its launch bound is 256
 WARP_TIER_THREADS = 128
 #: a lane of the register tier holds at most this many compute values
-MAX_VALUES_PER_LANE = {"float": 64, "double": 32}
+MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 
 
 def compute_type(dtype: str) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -13,14 +13,52 @@
 #define PS_DEVICE inline
 #define PS_WAVE64 1
 
-#elif defined(__HIPCC__)
+#elif defined(__HIP__) || defined(__HIPCC__)
+// AMD ROCm: hipcc / amdclang++ and hipRTC. clang defines __HIP__ for the HIP
+// language in both; hipRTC (__HIPCC_RTC__) has the runtime built in and serves
+// only its own set of headers. Compiled with ROCm 5.2 (Debian 12) up to ROCm 7.
+#if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
+#endif
 #include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
+#if defined(__has_include)
+#if __has_include(<hip/hip_bf16.h>)
+#define PS_HIP_HAS_BF16_HEADER 1
+#endif
+#endif
 #define PS_DEVICE __device__ __forceinline__
-#define PS_WAVE64 1
+#define PS_WAVE64 1  // CDNA (gfx9) runs wave64, RDNA (gfx10+) wave32: both variants are built
 typedef __half half_t;
+
+#if defined(PS_HIP_HAS_BF16_HEADER)
+#include <hip/hip_bf16.h>
 typedef __hip_bfloat16 bfloat16_t;
+PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __bfloat162float(v); }
+// HIP's __float2bfloat16 rounds to nearest even and keeps NaN (CUDA's _rn).
+PS_DEVICE bfloat16_t ps_hip_float_to_bf16(float v) { return __float2bfloat16(v); }
+#else
+// ROCm before hip_bf16.h (5.2) has only hip_bfloat16.h, whose class needs
+// <ostream> and so cannot reach hipRTC: a 2-byte storage type converted by
+// hand, round-to-nearest-even and NaN kept quiet like __float2bfloat16_rn.
+struct ps_hip_bfloat16 { unsigned short bits; };
+typedef ps_hip_bfloat16 bfloat16_t;
+PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+PS_DEVICE bfloat16_t ps_hip_float_to_bf16(float v) {
+  const unsigned u = __float_as_uint(v);
+  bfloat16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = static_cast<unsigned short>((u >> 16) | 0x40u);
+  } else {
+    r.bits = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return r;
+}
+#endif
+// The shared conversions below use CUDA's names; HIP spells them differently
+// by release, so they are routed to the functions above (after every vendor
+// header, so no vendor declaration is renamed).
+#define __bfloat162float ps_hip_bf16_to_float
+#define __float2bfloat16_rn ps_hip_float_to_bf16
 
 // The mask-less shuffle exchanges among `width` lanes of the wavefront; it is
 // correct for wave32 and wave64 alike and needs no 32- or 64-bit lane mask.

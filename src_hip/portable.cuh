@@ -1,0 +1,128 @@
+// Generated from src_cuda/portable.cuh by tools/hipify_sources.py (torch.utils.hipify, torch 2.13.0). Do not edit.
+// portable.cuh: the only file that knows which vendor compiles the kernels.
+//
+// Kernels see: half_t / bfloat16_t storage types, to_compute / from_compute
+// conversions, warp_shfl_xor(v, lane_mask, width), math (ps_exp, ps_log),
+// and the PS_* qualifiers. The warp size is never read here: kernels take it
+// as a template parameter (WARP) chosen by the host from the device.
+#pragma once
+
+#if defined(PORTABLE_SOFTMAX_EMULATION)
+// Host-compiled SIMT emulation (tests/emulation): supplies threads, shuffles,
+// shared memory and the 16-bit float types.
+#include "emulation_runtime.h"
+#define PS_DEVICE inline
+#define PS_WAVE64 1
+
+#elif defined(__HIP__) || defined(__HIPCC__)
+// AMD ROCm: hipcc / amdclang++ and hipRTC. clang defines __HIP__ for the HIP
+// language in both; hipRTC (__HIPCC_RTC__) has the runtime built in and serves
+// only its own set of headers. Compiled with ROCm 5.2 (Debian 12) up to ROCm 7.
+#if !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>
+#endif
+#include <hip/hip_fp16.h>
+#if defined(__has_include)
+#if __has_include(<hip/hip_bf16.h>)
+#define PS_HIP_HAS_BF16_HEADER 1
+#endif
+#endif
+#define PS_DEVICE __device__ __forceinline__
+#define PS_WAVE64 1  // CDNA (gfx9) runs wave64, RDNA (gfx10+) wave32: both variants are built
+typedef __half half_t;
+
+#if defined(PS_HIP_HAS_BF16_HEADER)
+#include <hip/hip_bf16.h>
+typedef __hip_bfloat16 bfloat16_t;
+PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __bfloat162float(v); }
+// HIP's __float2bfloat16 rounds to nearest even and keeps NaN (CUDA's _rn).
+PS_DEVICE bfloat16_t ps_hip_float_to_bf16(float v) { return __float2bfloat16(v); }
+#else
+// ROCm before hip_bf16.h (5.2) has only hip_bfloat16.h, whose class needs
+// <ostream> and so cannot reach hipRTC: a 2-byte storage type converted by
+// hand, round-to-nearest-even and NaN kept quiet like __float2bfloat16_rn.
+struct ps_hip_bfloat16 { unsigned short bits; };
+typedef ps_hip_bfloat16 bfloat16_t;
+PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+PS_DEVICE bfloat16_t ps_hip_float_to_bf16(float v) {
+  const unsigned u = __float_as_uint(v);
+  bfloat16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = static_cast<unsigned short>((u >> 16) | 0x40u);
+  } else {
+    r.bits = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return r;
+}
+#endif
+// The shared conversions below use CUDA's names; HIP spells them differently
+// by release, so they are routed to the functions above (after every vendor
+// header, so no vendor declaration is renamed).
+#define __bfloat162float ps_hip_bf16_to_float
+#define __float2bfloat16_rn ps_hip_float_to_bf16
+
+// The mask-less shuffle exchanges among `width` lanes of the wavefront; it is
+// correct for wave32 and wave64 alike and needs no 32- or 64-bit lane mask.
+template <typename V>
+PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
+  return __shfl_xor(v, lane_mask, width);
+}
+
+#else  // NVIDIA CUDA (nvcc or NVRTC)
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+#define PS_DEVICE __device__ __forceinline__
+#define PS_WAVE64 0  // NVIDIA warps are 32 lanes: WARP=64 variants are not built
+typedef __half half_t;
+typedef __hip_bfloat16 bfloat16_t;
+
+// Every lane of a 32-lane NVIDIA warp takes part in each shuffle (kernels keep
+// loops warp-uniform), so the mask names the whole warp.
+constexpr unsigned kWholeWarpMask = ~0u;
+template <typename V>
+PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
+  return __shfl_xor_sync(kWholeWarpMask, v, lane_mask, width);
+}
+#endif
+
+#if !defined(PORTABLE_SOFTMAX_EMULATION)
+#define PS_GLOBAL extern "C" __global__
+#define PS_SHARED __shared__
+#define PS_SYNC() __syncthreads()
+#define PS_THREAD_X threadIdx.x
+#define PS_BLOCK_X blockIdx.x
+#define PS_BLOCK_DIM_X blockDim.x
+#define PS_GRID_DIM_X gridDim.x
+#define PS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// One dynamic shared-memory symbol for every kernel of a translation unit
+// (its declarations must agree); 16-byte elements keep any vector aligned.
+#define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]
+#endif
+
+// ---- storage type <-> compute type -------------------------------------
+// float32/float16/bfloat16 compute in float; float64 computes in double.
+template <typename T> struct compute_of { typedef float type; };
+template <> struct compute_of<double> { typedef double type; };
+
+PS_DEVICE float to_compute(float v) { return v; }
+PS_DEVICE double to_compute(double v) { return v; }
+PS_DEVICE float to_compute(half_t v) { return __half2float(v); }
+PS_DEVICE float to_compute(bfloat16_t v) { return __bfloat162float(v); }
+
+template <typename T> PS_DEVICE T from_compute(typename compute_of<T>::type v);
+template <> PS_DEVICE float from_compute<float>(float v) { return v; }
+template <> PS_DEVICE double from_compute<double>(double v) { return v; }
+template <> PS_DEVICE half_t from_compute<half_t>(float v) { return __float2half_rn(v); }
+template <> PS_DEVICE bfloat16_t from_compute<bfloat16_t>(float v) { return __float2bfloat16_rn(v); }
+
+// ---- math ------------------------------------------------------------------
+// Full-precision exp/log: the results are checked against float64 at rtol 1e-5,
+// which the fast approximations miss for large |x - max|.
+PS_DEVICE float ps_exp(float v) { return expf(v); }
+PS_DEVICE double ps_exp(double v) { return exp(v); }
+PS_DEVICE float ps_log(float v) { return logf(v); }
+PS_DEVICE double ps_log(double v) { return log(v); }
+template <typename C> PS_DEVICE C ps_neg_inf() { return -__builtin_huge_valf(); }
+template <> PS_DEVICE double ps_neg_inf<double>() { return -__builtin_huge_val(); }
+template <typename C> PS_DEVICE C ps_nan() { return __builtin_nanf(""); }
+template <> PS_DEVICE double ps_nan<double>() { return __builtin_nan(""); }

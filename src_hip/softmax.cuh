@@ -1,0 +1,340 @@
+// Generated from src_cuda/softmax.cuh by tools/hipify_sources.py (torch.utils.hipify, torch 2.13.0). Do not edit.
+// softmax.cuh: the softmax / log_softmax kernel templates, one per tier.
+//
+// Every tier reduces a row to the pair (m, d) = (max x, sum exp(x - m)) and
+// merges pairs with the online-softmax monoid md_combine. A row is read as
+// "slots" of VEC elements aligned to VEC * sizeof(T) bytes: the first and last
+// slot of a row may be partial (scalar head / tail), every other slot is one
+// aligned vector load. The host guarantees that input and output rows share
+// their misalignment (else it launches VEC = 1).
+#pragma once
+#include "portable.cuh"
+
+namespace ps {
+
+typedef long long i64;
+
+enum Op { kSoftmax = 0, kLogSoftmax = 1 };
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
+// ---- the (m, d) monoid ----------------------------------------------------
+template <typename C> struct MD { C m; C d; };
+
+template <typename C> PS_DEVICE MD<C> md_identity() { MD<C> r = {ps_neg_inf<C>(), C(0)}; return r; }
+
+// max that keeps NaN, so that a NaN anywhere in a row reaches every output.
+template <typename C> PS_DEVICE C max_nan(C a, C b) { return (a > b || a != a) ? a : b; }
+
+template <typename C> PS_DEVICE MD<C> md_combine(MD<C> a, MD<C> b) {
+  const C m = max_nan(a.m, b.m);
+  // Both sides empty or all -inf: exp(-inf - -inf) would be NaN; the sum is 0.
+  if (m == ps_neg_inf<C>()) return md_identity<C>();
+  MD<C> r = {m, a.d * ps_exp(a.m - m) + b.d * ps_exp(b.m - m)};
+  return r;
+}
+
+// (m, d) of N values held by one thread: max first, then one exp per value.
+template <typename C, int N> PS_DEVICE MD<C> md_of(const C* v) {
+  C m = ps_neg_inf<C>();
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = max_nan(m, v[j]);
+  C d = C(0);
+  if (m != ps_neg_inf<C>()) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) d += ps_exp(v[j] - m);
+  }
+  MD<C> r = {m, d};
+  return r;
+}
+
+// Butterfly over `width` consecutive lanes; every lane ends with the total.
+template <int width, typename C> PS_DEVICE MD<C> md_reduce_lanes(MD<C> md) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    MD<C> other = {warp_shfl_xor(md.m, offset, width), warp_shfl_xor(md.d, offset, width)};
+    md = md_combine(md, other);
+  }
+  return md;
+}
+
+// Whole-block reduction: warps first, then the first warp over the warps'
+// results. Per-warp scratch is sized from WARP, not from a guess of it.
+template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
+  PS_SHARED C warp_m[1024 / WARP];
+  PS_SHARED C warp_d[1024 / WARP];
+  const int lane = PS_THREAD_X % WARP;
+  const int warp = PS_THREAD_X / WARP;
+  const int warps = PS_BLOCK_DIM_X / WARP;
+  md = md_reduce_lanes<WARP>(md);
+  if (lane == 0) { warp_m[warp] = md.m; warp_d[warp] = md.d; }
+  PS_SYNC();
+  if (warp == 0) {
+    MD<C> part = md_identity<C>();
+    if (lane < warps) { part.m = warp_m[lane]; part.d = warp_d[lane]; }
+    part = md_reduce_lanes<WARP>(part);
+    if (lane == 0) { warp_m[0] = part.m; warp_d[0] = part.d; }
+  }
+  PS_SYNC();
+  MD<C> total = {warp_m[0], warp_d[0]};
+  PS_SYNC();  // the scratch may be reused by the next reduction
+  return total;
+}
+
+// ---- turning (m, d) into outputs ------------------------------------------
+template <int OP, typename C> struct RowFinish {
+  C m, scale, log_d;
+  bool empty, safe;
+  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(C(1) / md.d), log_d(ps_log(md.d)),
+      empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
+  PS_DEVICE C operator()(C x) const {
+    // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
+    if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
+    return OP == kSoftmax ? ps_exp(x - m) * scale : (x - m) - log_d;
+  }
+};
+
+// ---- one row seen as aligned slots ---------------------------------------
+template <typename T, int VEC> struct RowSlots {
+  typedef typename compute_of<T>::type C;
+  const T* x;
+  T* y;
+  i64 cols;
+  int pad;     // elements between the aligned slot start and the row start
+  i64 slots;   // slots covering [-pad, cols)
+
+  PS_DEVICE RowSlots(const T* x_, T* y_, i64 cols_) : x(x_), y(y_), cols(cols_) {
+    pad = static_cast<int>((reinterpret_cast<unsigned long long>(x_) / sizeof(T)) % VEC);
+    slots = (pad + cols + VEC - 1) / VEC;
+  }
+  PS_DEVICE bool full(i64 k) const { return k * VEC - pad >= 0 && k * VEC - pad + VEC <= cols; }
+
+  // Out-of-row elements read as -inf, which adds nothing to (m, d).
+  PS_DEVICE void load(i64 k, C* v) const {
+    const i64 first = k * VEC - pad;
+    if (full(k)) {
+      const Vec<T, VEC> raw = *reinterpret_cast<const Vec<T, VEC>*>(x + first);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const i64 i = first + j;
+        v[j] = (i >= 0 && i < cols) ? to_compute(x[i]) : ps_neg_inf<C>();
+      }
+    }
+  }
+  PS_DEVICE void store(i64 k, const C* v) const {
+    const i64 first = k * VEC - pad;
+    if (full(k)) {
+      Vec<T, VEC> raw;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) raw.v[j] = from_compute<T>(v[j]);
+      *reinterpret_cast<Vec<T, VEC>*>(y + first) = raw;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const i64 i = first + j;
+        if (i >= 0 && i < cols) y[i] = from_compute<T>(v[j]);
+      }
+    }
+  }
+};
+
+template <int OP, typename C, int VEC> PS_DEVICE void finish_slot(const RowFinish<OP, C>& f, C* v) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = f(v[j]);
+}
+
+// ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
+// LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
+// a warp per row. Each lane holds SLOTS slots of VEC elements.
+template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
+PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
+  typedef typename compute_of<T>::type C;
+  static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
+  const int lane = PS_THREAD_X % LANES;
+  const i64 group = PS_THREAD_X / LANES;
+  const i64 groups_per_block = PS_BLOCK_DIM_X / LANES;
+  // The bound depends on the block only, so all lanes of a warp stay in the
+  // loop together and every shuffle sees its whole lane group.
+  for (i64 first_row = (i64)PS_BLOCK_X * groups_per_block; first_row < rows;
+       first_row += (i64)PS_GRID_DIM_X * groups_per_block) {
+    const i64 row = first_row + group;
+    const bool active = row < rows;
+    const i64 r = active ? row : 0;
+    const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, active ? cols : 0);
+    C v[SLOTS * VEC];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = (i64)s * LANES + lane;
+      if (k < rs.slots) {
+        rs.load(k, v + s * VEC);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+      }
+    }
+    const MD<C> md = md_reduce_lanes<LANES>(md_of<C, SLOTS * VEC>(v));
+    if (!active) continue;
+    const RowFinish<OP, C> f(md, safe != 0);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = (i64)s * LANES + lane;
+      if (k < rs.slots) {
+        finish_slot<OP, C, VEC>(f, v + s * VEC);
+        rs.store(k, v + s * VEC);
+      }
+    }
+  }
+}
+
+// ---- tier 3: a block per row, row cached in shared memory ----------------
+// Each thread caches the slots it reads and later reads back only those, so
+// the cache needs no barrier of its own; the (m, d) reduction has them.
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
+                          Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
+    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+    C m = ps_neg_inf<C>();
+    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+      rs.load(k, v);
+      Vec<T, VEC> raw;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
+      cache[k] = raw;
+    }
+    C d = C(0);
+    if (m != ps_neg_inf<C>()) {
+      for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) d += ps_exp(to_compute(cache[k].v[j]) - m);
+      }
+    }
+    MD<C> own = {m, d};
+    const RowFinish<OP, C> f(md_reduce_block<WARP>(own), safe != 0);
+    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k].v[j]));
+      rs.store(k, v);
+    }
+  }
+}
+
+// ---- tier 4: a row split across blocks --------------------------------------
+// Pass 1 writes one (m, d) per chunk of chunk_slots slots; pass 2 merges the
+// row's partials with the monoid and normalises its chunk.
+template <typename T, int VEC>
+PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
+  typedef typename compute_of<T>::type C;
+  MD<C> md = md_identity<C>();
+  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+    C v[VEC];
+    rs.load(k, v);
+    md = md_combine(md, md_of<C, VEC>(v));
+  }
+  return md;
+}
+
+template <typename T, int WARP, int VEC>
+PS_DEVICE void split_partials(const T* x, typename compute_of<T>::type* partials, i64 rows, i64 cols,
+                              i64 x_stride, i64 chunk_slots, i64 chunks) {
+  typedef typename compute_of<T>::type C;
+  for (i64 job = PS_BLOCK_X; job < rows * chunks; job += PS_GRID_DIM_X) {
+    const i64 row = job / chunks, chunk = job % chunks;
+    const RowSlots<T, VEC> rs(x + row * x_stride, (T*)0, cols);
+    const i64 begin = chunk * chunk_slots;
+    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    const MD<C> md = md_reduce_block<WARP>(chunk_md<T, VEC>(rs, begin, end));
+    if (PS_THREAD_X == 0) { partials[2 * job] = md.m; partials[2 * job + 1] = md.d; }
+  }
+}
+
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::type* partials, i64 rows,
+                               i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks, int safe) {
+  typedef typename compute_of<T>::type C;
+  for (i64 job = PS_BLOCK_X; job < rows * chunks; job += PS_GRID_DIM_X) {
+    const i64 row = job / chunks, chunk = job % chunks;
+    MD<C> md = md_identity<C>();
+    for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
+      MD<C> part = {partials[2 * (row * chunks + c)], partials[2 * (row * chunks + c) + 1]};
+      md = md_combine(md, part);
+    }
+    const RowFinish<OP, C> f(md_reduce_block<WARP>(md), safe != 0);
+    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+    const i64 begin = chunk * chunk_slots;
+    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+      rs.load(k, v);
+      finish_slot<OP, C, VEC>(f, v);
+      rs.store(k, v);
+    }
+  }
+}
+
+// ---- reduction over a non-last axis -------------------------------------------
+// The tensor is (outer, cols, inner); one thread per (outer, inner) position walks
+// the reduced axis, so neighbouring threads touch neighbouring inner elements.
+template <typename T, int OP>
+PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
+                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int safe) {
+  typedef typename compute_of<T>::type C;
+  const i64 lines = outer * inner;
+  for (i64 t = (i64)PS_BLOCK_X * PS_BLOCK_DIM_X + PS_THREAD_X; t < lines;
+       t += (i64)PS_GRID_DIM_X * PS_BLOCK_DIM_X) {
+    const i64 o = t / inner, i = t % inner;
+    const T* xl = x + o * xs_outer + i * xs_inner;
+    T* yl = y + o * ys_outer + i * ys_inner;
+    MD<C> md = md_identity<C>();
+    for (i64 c = 0; c < cols; ++c) {
+      C v = to_compute(xl[c * xs_col]);
+      md = md_combine(md, md_of<C, 1>(&v));
+    }
+    const RowFinish<OP, C> f(md, safe != 0);
+    for (i64 c = 0; c < cols; ++c) yl[c * ys_col] = from_compute<T>(f(to_compute(xl[c * xs_col])));
+  }
+}
+
+}  // namespace ps
+
+// ---- extern "C" entry points ----------------------------------------------------
+// The generated lists (softmax_<dtype>.cu) name each instantiation through these.
+#define PS_WARP_ENTRY(DT, T, OPN, OP, W, L, S, V)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V(            \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
+    ps::warp_rows<T, OP, W, L, S, V>(x, y, rows, cols, xs, ys, safe);                                \
+  }
+
+#define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_block_##DT##_##OPN##_w##W##_v##V(                          \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::block_rows<T, OP, W, V>(x, y, rows, cols, xs, ys, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+  }
+
+#define PS_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                         \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_##DT##_##OPN##_w##W##_v##V(               \
+      const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
+      ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                                  \
+    ps::split_normalize<T, OP, W, V>(x, y, partials, rows, cols, xs, ys, chunk_slots, chunks, safe); \
+  }
+
+#define PS_PARTIALS_ENTRY(DT, T, W, V)                                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_partials_##DT##_w##W##_v##V(                        \
+      const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs,            \
+      ps::i64 chunk_slots, ps::i64 chunks) {                                                         \
+    ps::split_partials<T, W, V>(x, partials, rows, cols, xs, chunk_slots, chunks);                  \
+  }
+
+#define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_strided_##DT##_##OPN(                                      \
+      const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
+      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
+    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);          \
+  }

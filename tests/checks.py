@@ -1,0 +1,79 @@
+"""Comparison with the float64 reference, and shapes that straddle the planner's tiers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from portable_softmax import reference
+from portable_softmax._dtypes import host_dtype
+from portable_softmax.planner import DeviceProfile, RowProblem, plan
+
+ATOL, RTOL = 1e-6, 1e-5
+#: float16 / bfloat16 results lie within this many units in the last place of the output dtype,
+#: plus the float32 computation's own absolute tolerance ATOL (log_softmax near 0 loses digits there)
+ULP_BOUND = 1
+_MANTISSA = {"float16": (10, -14), "bfloat16": (7, -126)}
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+OPS = ("softmax", "log_softmax")
+
+
+def random_input(rng, shape, dtype: str, scale: float = 4.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(host_dtype(dtype))
+
+
+def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` at each |value| (subnormal spacing below the normal range)."""
+    mantissa, min_exp = _MANTISSA[dtype]
+    a = np.abs(values)
+    exp = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    return 2.0 ** (np.maximum(exp, min_exp) - mantissa)
+
+
+def mismatches(y, x, axis: int = -1, op: str = "softmax", safe: bool = False) -> np.ndarray:
+    """Boolean mask of outputs outside the tolerance (NaN must meet NaN)."""
+    y = np.asarray(y)
+    assert y.shape == x.shape, f"shape {y.shape} != {x.shape}"
+    assert y.dtype == x.dtype, f"dtype {y.dtype} != {x.dtype}"
+    ref = reference.softmax(x, axis, safe=safe) if op == "softmax" else reference.log_softmax(x, axis)
+    got = y.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(got - ref)
+        dtype = x.dtype.name
+        if dtype in _MANTISSA:
+            bound = ULP_BOUND * ulp(np.maximum(np.abs(ref), np.abs(got)), dtype) + ATOL
+        else:
+            bound = ATOL + RTOL * np.abs(ref)
+        ok = (err <= bound) | (np.isnan(ref) & np.isnan(got)) | ((ref == got) & np.isinf(ref))
+    return ~ok
+
+
+def assert_matches(y, x, axis: int = -1, op: str = "softmax", safe: bool = False, what: str = "") -> None:
+    bad = mismatches(y, x, axis, op, safe)
+    if bad.any():
+        ref = reference.softmax(x, axis, safe=safe) if op == "softmax" else reference.log_softmax(x, axis)
+        idx = tuple(np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{what} {op} {x.dtype} shape {x.shape} axis {axis}: {int(bad.sum())} of {bad.size} outputs off; "
+            f"first at {idx}: got {np.asarray(y)[idx]!r}, reference {ref[idx]!r}"
+        )
+
+
+def boundary_cols(profile: DeviceProfile, dtype: str, rows: int, limit: int) -> list[int]:
+    """Column counts on both sides of every change of kernel the planner makes up to ``limit``."""
+
+    def kernel(cols: int) -> str:
+        return plan(RowProblem(dtype, "softmax", rows, cols), profile).launches[0].kernel
+
+    found: set[int] = set()
+    probe = [1]
+    while probe[-1] < limit:
+        probe.append(min(limit, probe[-1] * 2))
+    for lo, hi in zip(probe, probe[1:]):
+        if kernel(lo) == kernel(hi):
+            continue
+        a, b = lo, hi  # kernel(a) != kernel(b): find the first column count that changes it
+        while b - a > 1:
+            mid = (a + b) // 2
+            a, b = (mid, b) if kernel(mid) == kernel(lo) else (a, mid)
+        found.update((b - 1, b, b + 1))
+    return sorted(c for c in found if 1 <= c <= limit)

@@ -1,0 +1,79 @@
+"""The shared suite's backends: cpu always; cuda / hip where a device is present; the
+emulated warp-32 / warp-64 runs of the kernel source where the host compiler builds them."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+import portable_softmax as ps
+from portable_softmax import _probe, api
+from portable_softmax.planner import DeviceProfile
+
+
+def _gpu_status(vendor: str) -> str | None:
+    try:
+        _probe.runtime(vendor)
+        return None
+    except _probe.BackendUnavailableError as e:
+        return f"no {vendor} device here ({e})"
+
+
+def _emulation_status() -> tuple[dict, str | None]:
+    try:
+        from emulation import emulated_runtimes
+    except ImportError as e:
+        return {}, f"emulation layer missing: {e}"
+    try:
+        return emulated_runtimes(), None
+    except RuntimeError as e:
+        return {}, f"emulation could not be built: {e}"
+
+
+_EMULATED, _EMULATION_SKIP = _emulation_status()
+for _name, _runtime in _EMULATED.items():
+    api.host_runtimes[_name] = _runtime
+
+
+def _backend_params():
+    params = [pytest.param("cpu", id="cpu")]
+    for vendor in ("cuda", "hip"):
+        reason = _gpu_status(vendor)
+        marks = [pytest.mark.gpu] + ([pytest.mark.skip(reason=reason)] if reason else [])
+        params.append(pytest.param(vendor, marks=marks, id=vendor))
+    for name in ("emu32", "emu64"):
+        marks = [] if name in _EMULATED else [pytest.mark.skip(reason=_EMULATION_SKIP or f"{name} not built")]
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+BACKEND_PARAMS = _backend_params()
+
+
+@pytest.fixture(params=BACKEND_PARAMS)
+def backend(request):
+    """Run the test's host (numpy) inputs on one backend."""
+    with ps.use_backend(request.param):
+        yield request.param
+
+
+def profile_of(backend: str) -> DeviceProfile:
+    """The device whose tier boundaries a backend's shapes should straddle."""
+    if backend in ("cuda", "hip"):
+        rt = _probe.runtime(backend)
+        return rt.profile(rt.current_device())
+    if backend in _EMULATED:
+        return _EMULATED[backend].profile(0)
+    return DeviceProfile.h100()
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test; the seed is printed (shown on failure) and can be pinned
+    with PORTABLE_SOFTMAX_TEST_SEED to replay a failure."""
+    seed = int(os.environ.get("PORTABLE_SOFTMAX_TEST_SEED") or secrets.randbits(32))
+    print(f"seed={seed} ({request.node.nodeid})")
+    return np.random.default_rng(seed)

@@ -1,0 +1,496 @@
+// emulation_runtime.cpp: runs kernels of the registry on the CPU, one fiber per
+// GPU thread, with warps of the size the host asks for.
+//
+// A block runs on one host thread. Its fibers run until they block at a warp
+// shuffle, a block barrier or the kernel's end; then every warp whose lanes all
+// wait at the same shuffle exchanges values in lock step, or, when no warp can,
+// the barrier opens if every thread waits at it. Any other state means the
+// lanes diverged, and the launch fails with a description of who waits where
+// instead of hanging. Blocks of one launch are spread over a few host threads.
+#include "emulation_runtime.h"
+
+#include <setjmp.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+__thread const ps_emu_thread_ids* ps_emu_current_ids = nullptr;
+
+namespace ps_emu {
+namespace {
+
+constexpr std::size_t kFiberStackBytes = 32 * 1024;  // the kernels keep a few hundred bytes per thread
+constexpr unsigned kMaxBlockThreads = 1024;
+constexpr std::size_t kSharedGuardBytes = 64;
+constexpr unsigned char kPoisonByte = 0xff;  // all-ones is NaN in every float format the kernels use
+
+struct KernelEntry {
+  KernelThunk thunk;
+  std::string kinds;
+};
+
+std::unordered_map<std::string, KernelEntry>& registry() {
+  static std::unordered_map<std::string, KernelEntry> kernels;
+  return kernels;
+}
+
+std::vector<std::string>& registry_order() {
+  static std::vector<std::string> names;
+  return names;
+}
+
+struct LaunchSpec {
+  std::string kernel;
+  KernelThunk thunk;
+  void** args;
+  unsigned warp, grid, block;
+  std::size_t shared_bytes;
+};
+
+enum class Wait { kRunnable, kShuffle, kBarrier, kDone, kFailed };
+
+struct Fiber {
+  jmp_buf context;
+  void* mapping = nullptr;
+  bool booted = false;
+  ps_emu_thread_ids ids{};
+  Wait wait = Wait::kRunnable;
+  long shuffles = 0, barriers = 0;  // calls made in the current block
+  // the pending shuffle
+  unsigned char value[16];
+  void* result = nullptr;
+  unsigned size = 0;
+  int lane_mask = 0, width = 0;
+};
+
+std::string lane_range(unsigned first, unsigned last) {
+  return first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last);
+}
+
+std::string describe_wait(const Fiber& f) {
+  switch (f.wait) {
+    case Wait::kShuffle:
+      return "at shuffle #" + std::to_string(f.shuffles) + " (xor " + std::to_string(f.lane_mask) + ", width " +
+             std::to_string(f.width) + ", " + std::to_string(f.size) + " bytes)";
+    case Wait::kBarrier:
+      return "at barrier #" + std::to_string(f.barriers);
+    case Wait::kDone:
+      return "finished after " + std::to_string(f.shuffles) + " shuffles, " + std::to_string(f.barriers) +
+             " barriers";
+    default:
+      return "running";
+  }
+}
+
+// Host-thread state: the fibers (kept across blocks and launches) and the block's shared memory.
+class Worker {
+ public:
+  ~Worker() {
+    for (auto& f : fibers_) munmap(f->mapping, page_bytes() + kFiberStackBytes);
+  }
+
+  // Runs one block; returns false with error() set when the block failed.
+  bool run_block(const LaunchSpec& spec, unsigned block) {
+    spec_ = &spec;
+    if (!prepare(spec)) return false;
+    std::fill(shared_.begin(), shared_.end(), kPoisonByte);  // shared memory starts undefined
+    float4* shared = reinterpret_cast<float4*>(shared_.data());
+    for (unsigned t = 0; t < spec.block; ++t) {
+      Fiber& f = *fibers_[t];
+      f.ids = {t, block, spec.block, spec.grid, shared};
+      f.wait = Wait::kRunnable;
+      f.shuffles = f.barriers = 0;
+    }
+    block_ = block;
+    const bool ok = schedule();
+    ps_emu_current_ids = nullptr;
+    if (!ok) {
+      for (auto& f : fibers_) f->booted = false;  // abandoned mid-kernel: boot afresh next time
+      return false;
+    }
+    const auto guard = shared_.begin() + static_cast<std::ptrdiff_t>(spec.shared_bytes);
+    if (std::any_of(guard, shared_.end(), [](unsigned char b) { return b != kPoisonByte; })) {
+      return fail("block " + std::to_string(block) + " wrote past its " + std::to_string(spec.shared_bytes) +
+                  " bytes of dynamic shared memory");
+    }
+    return true;
+  }
+
+  const std::string& error() const { return error_; }
+
+  // ---- called on fibers ----------------------------------------------------------
+  Fiber& running() { return *running_; }
+  const LaunchSpec& spec() const { return *spec_; }
+
+  void suspend() {
+    if (_setjmp(running_->context) == 0) _longjmp(scheduler_, 1);
+  }
+
+  [[noreturn]] void fail_fiber(const std::string& message) {
+    error_ = message;
+    running_->wait = Wait::kFailed;
+    suspend();
+    __builtin_unreachable();  // a failed fiber is never resumed
+  }
+
+  static void fiber_main() {
+    Worker* w = current();
+    if (_setjmp(w->running_->context) == 0) _longjmp(w->scheduler_, 1);  // booted: park until the first block
+    for (;;) {
+      w = current();  // locals do not survive the jumps; the thread's worker does
+      w->spec_->thunk(w->spec_->args);
+      w->running_->wait = Wait::kDone;
+      w->suspend();
+    }
+  }
+
+  static Worker* current();
+
+ private:
+  static std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+  bool fail(const std::string& message) {
+    error_ = message;
+    return false;
+  }
+
+  bool prepare(const LaunchSpec& spec) {
+    while (fibers_.size() < spec.block) {
+      auto f = std::make_unique<Fiber>();
+      // A no-access page below each stack turns an overflow into a crash, not silent corruption.
+      f->mapping = mmap(nullptr, page_bytes() + kFiberStackBytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (f->mapping == MAP_FAILED) return fail("emulation: cannot map a fiber stack");
+      mprotect(f->mapping, page_bytes(), PROT_NONE);
+      fibers_.push_back(std::move(f));
+    }
+    for (unsigned t = 0; t < spec.block; ++t) {
+      if (!fibers_[t]->booted && !boot(*fibers_[t])) return false;
+    }
+    shared_.resize(spec.shared_bytes + kSharedGuardBytes);
+    return true;
+  }
+
+  // Starts a fiber on its own stack; it parks at once (fiber_main) and jumps back.
+  bool boot(Fiber& f) {
+    ucontext_t start;
+    if (getcontext(&start) != 0) return fail("emulation: getcontext failed");
+    start.uc_stack.ss_sp = static_cast<char*>(f.mapping) + page_bytes();
+    start.uc_stack.ss_size = kFiberStackBytes;
+    start.uc_link = nullptr;
+    makecontext(&start, &Worker::fiber_main, 0);
+    running_ = &f;
+    if (_setjmp(scheduler_) == 0) setcontext(&start);
+    f.booted = true;
+    return true;
+  }
+
+  void resume(Fiber& f) {
+    running_ = &f;
+    ps_emu_current_ids = &f.ids;
+    if (_setjmp(scheduler_) == 0) _longjmp(f.context, 1);
+  }
+
+  bool schedule() {
+    const unsigned n = spec_->block, warp = spec_->warp;
+    for (;;) {
+      for (unsigned t = 0; t < n; ++t) {
+        if (fibers_[t]->wait != Wait::kRunnable) continue;
+        resume(*fibers_[t]);
+        if (fibers_[t]->wait == Wait::kFailed) return false;
+      }
+      bool exchanged = false;
+      for (unsigned first = 0; first < n; first += warp) {
+        const unsigned last = std::min(n, first + warp) - 1;
+        int result = exchange(first, last);
+        if (result < 0) return false;
+        exchanged |= result > 0;
+      }
+      if (exchanged) continue;
+      unsigned done = 0, at_barrier = 0;
+      for (unsigned t = 0; t < n; ++t) {
+        done += fibers_[t]->wait == Wait::kDone;
+        at_barrier += fibers_[t]->wait == Wait::kBarrier;
+      }
+      if (done == n) return true;
+      if (at_barrier == n && all_same_barrier()) {
+        for (unsigned t = 0; t < n; ++t) fibers_[t]->wait = Wait::kRunnable;
+        continue;
+      }
+      return fail(stuck_report());
+    }
+  }
+
+  // Exchanges the values of warp lanes [first, last] if all wait at one shuffle:
+  // 1 exchanged, 0 not all there yet, -1 failed (they disagree about the call).
+  int exchange(unsigned first, unsigned last) {
+    for (unsigned t = first; t <= last; ++t) {
+      if (fibers_[t]->wait != Wait::kShuffle) return 0;
+    }
+    const Fiber& lead = *fibers_[first];
+    for (unsigned t = first + 1; t <= last; ++t) {
+      const Fiber& f = *fibers_[t];
+      if (f.shuffles != lead.shuffles || f.width != lead.width || f.lane_mask != lead.lane_mask ||
+          f.size != lead.size) {
+        fail(where() + ": lanes of warp " + std::to_string(first / spec_->warp) +
+             " diverge at a shuffle: lane " + std::to_string(first) + " " + describe_wait(lead) + ", lane " +
+             std::to_string(t) + " " + describe_wait(f));
+        return -1;
+      }
+    }
+    const unsigned width = static_cast<unsigned>(lead.width);
+    for (unsigned t = first; t <= last; ++t) {
+      const unsigned lane = t - first;
+      const unsigned segment_end = (lane & ~(width - 1)) + width;
+      // CUDA's and HIP's rule: a source beyond the lane's own segment gives the lane's own value.
+      unsigned source = lane ^ static_cast<unsigned>(lead.lane_mask);
+      if (source >= segment_end) source = lane;
+      if (first + source > last) {
+        fail(where() + ": lane " + std::to_string(t) + " reads lane " + std::to_string(first + source) +
+             ", beyond the block's last thread");
+        return -1;
+      }
+      std::memcpy(fibers_[t]->result, fibers_[first + source]->value, lead.size);
+    }
+    for (unsigned t = first; t <= last; ++t) fibers_[t]->wait = Wait::kRunnable;
+    return 1;
+  }
+
+  bool all_same_barrier() const {
+    for (unsigned t = 1; t < spec_->block; ++t) {
+      if (fibers_[t]->barriers != fibers_[0]->barriers) return false;
+    }
+    return true;
+  }
+
+  std::string where() const {
+    return "kernel " + spec_->kernel + " (warp " + std::to_string(spec_->warp) + ", block " +
+           std::to_string(block_) + " of " + std::to_string(spec_->grid) + ", " + std::to_string(spec_->block) +
+           " threads)";
+  }
+
+  // Nothing can move: say who waits where, as runs of threads in the same state.
+  std::string stuck_report() const {
+    bool shuffle_waits = false;
+    for (unsigned t = 0; t < spec_->block; ++t) shuffle_waits |= fibers_[t]->wait == Wait::kShuffle;
+    std::string report = where() + (shuffle_waits ? ": lanes of a warp diverge at a shuffle (the whole warp must "
+                                                    "make each shuffle call):"
+                                                  : ": a block barrier is not reached by every thread:");
+    unsigned first = 0;
+    for (unsigned t = 1; t <= spec_->block; ++t) {
+      const bool same_warp = t < spec_->block && t / spec_->warp == first / spec_->warp;
+      if (same_warp && describe_wait(*fibers_[t]) == describe_wait(*fibers_[first])) continue;
+      report += " threads " + lane_range(first, t - 1) + " " + describe_wait(*fibers_[first]) + ";";
+      first = t;
+    }
+    return report;
+  }
+
+  std::vector<std::unique_ptr<Fiber>> fibers_;
+  std::vector<unsigned char> shared_;
+  jmp_buf scheduler_;
+  Fiber* running_ = nullptr;
+  const LaunchSpec* spec_ = nullptr;
+  unsigned block_ = 0;
+  std::string error_;
+};
+
+Worker* Worker::current() {
+  static thread_local Worker worker;
+  return &worker;
+}
+
+// Spreads the blocks of a launch over the calling thread and a few helper threads.
+class BlockPool {
+ public:
+  ~BlockPool() { resize(0); }
+
+  void resize(unsigned helpers) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : helpers_) t.join();
+    helpers_.clear();
+    stop_ = false;
+    for (unsigned i = 0; i < helpers; ++i) helpers_.emplace_back([this] { helper_loop(); });
+  }
+
+  bool run(const LaunchSpec& spec, std::string* error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      spec_ = &spec;
+      next_block_ = 0;
+      failed_ = false;
+      error_.clear();
+      busy_ = static_cast<unsigned>(helpers_.size());
+      ++generation_;
+    }
+    start_.notify_all();
+    run_blocks();
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [this] { return busy_ == 0; });
+    *error = error_;
+    return !failed_;
+  }
+
+ private:
+  void run_blocks() {
+    Worker* worker = Worker::current();
+    for (;;) {
+      const unsigned block = next_block_.fetch_add(1);
+      if (block >= spec_->grid || failed_.load()) return;
+      if (!worker->run_block(*spec_, block)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!failed_.exchange(true)) error_ = worker->error();
+        return;
+      }
+    }
+  }
+
+  void helper_loop() {
+    unsigned long long seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      run_blocks();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--busy_ == 0) finished_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> helpers_;
+  std::mutex mutex_;
+  std::condition_variable start_, finished_;
+  bool stop_ = false;
+  unsigned long long generation_ = 0;
+  unsigned busy_ = 0;
+  const LaunchSpec* spec_ = nullptr;
+  std::atomic<unsigned> next_block_{0};
+  std::atomic<bool> failed_{false};
+  std::string error_;
+};
+
+BlockPool& block_pool() {
+  static BlockPool pool;
+  return pool;
+}
+
+std::mutex launch_mutex;  // one launch at a time: static shared memory is per host thread, not per launch
+std::string last_error;
+
+bool is_power_of_two(long v) { return v > 0 && (v & (v - 1)) == 0; }
+
+template <typename From, typename To, To (*Convert)(From)>
+void convert_all(const From* in, To* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = Convert(in[i]);
+}
+
+}  // namespace
+
+void register_kernel(const char* name, KernelThunk thunk, const char* kinds) {
+  if (registry().emplace(name, KernelEntry{thunk, kinds}).second) registry_order().push_back(name);
+}
+
+}  // namespace ps_emu
+
+using ps_emu::Worker;
+
+extern "C" {
+
+void ps_emu_shuffle_xor(const void* value, void* result, unsigned size, int lane_mask, int width) {
+  Worker* w = Worker::current();
+  ps_emu::Fiber& f = w->running();
+  ++f.shuffles;
+  f.lane_mask = lane_mask;
+  f.width = width;
+  f.size = size;
+  f.result = result;
+  std::memcpy(f.value, value, size);
+  const unsigned warp = w->spec().warp;
+  if (!ps_emu::is_power_of_two(width) || static_cast<unsigned>(width) > warp || lane_mask < 0) {
+    w->fail_fiber("kernel " + w->spec().kernel + ": thread " + std::to_string(f.ids.thread_x) + " shuffles with xor " +
+                  std::to_string(lane_mask) + " and width " + std::to_string(width) +
+                  "; the width must be a power of two no larger than the warp (" + std::to_string(warp) + ")");
+  }
+  f.wait = ps_emu::Wait::kShuffle;
+  w->suspend();
+}
+
+void ps_emu_sync_threads(void) {
+  Worker* w = Worker::current();
+  ++w->running().barriers;
+  w->running().wait = ps_emu::Wait::kBarrier;
+  w->suspend();
+}
+
+// ---- the host interface (ctypes) ---------------------------------------------------
+const char* emu_last_error(void) { return ps_emu::last_error.c_str(); }
+
+int emu_kernel_count(void) { return static_cast<int>(ps_emu::registry_order().size()); }
+
+const char* emu_kernel_name(int index) {
+  const auto& names = ps_emu::registry_order();
+  return index >= 0 && index < static_cast<int>(names.size()) ? names[static_cast<std::size_t>(index)].c_str()
+                                                               : nullptr;
+}
+
+void emu_set_threads(int threads) { ps_emu::block_pool().resize(threads > 1 ? static_cast<unsigned>(threads - 1) : 0); }
+
+// Runs kernel `name` on grid x block threads in warps of `warp` lanes. `kinds` is one
+// letter per argument (p pointer, q int64, i int32), checked against the kernel's
+// signature; args[i] points at argument i. Returns 0, or 1 with emu_last_error() set.
+int emu_launch(const char* name, const char* kinds, int warp, unsigned grid, unsigned block, size_t shared_bytes,
+               void** args) {
+  std::lock_guard<std::mutex> lock(ps_emu::launch_mutex);
+  ps_emu::last_error.clear();
+  const auto found = ps_emu::registry().find(name);
+  std::string error;
+  if (found == ps_emu::registry().end()) {
+    error = std::string("no kernel named ") + name + " in the emulation library";
+  } else if (found->second.kinds != kinds) {
+    error = std::string("kernel ") + name + " takes arguments (" + found->second.kinds + "), the launch passes (" +
+            kinds + ")";
+  } else if (!ps_emu::is_power_of_two(warp) || warp > static_cast<int>(ps_emu::kMaxBlockThreads)) {
+    error = "warp size " + std::to_string(warp) + " is not a power of two up to 1024";
+  } else if (grid == 0 || block == 0 || block > ps_emu::kMaxBlockThreads) {
+    error = std::string("kernel ") + name + ": launch shape grid " + std::to_string(grid) + " x block " +
+            std::to_string(block) + " is empty or exceeds 1024 threads per block";
+  } else {
+    const ps_emu::LaunchSpec spec{name, found->second.thunk, args, static_cast<unsigned>(warp), grid, block,
+                                  shared_bytes};
+    if (ps_emu::block_pool().run(spec, &error)) return 0;
+  }
+  ps_emu::last_error = error;
+  return 1;
+}
+
+void emu_half_to_float(const half_t* in, float* out, size_t n) {
+  ps_emu::convert_all<half_t, float, __half2float>(in, out, n);
+}
+void emu_float_to_half(const float* in, half_t* out, size_t n) {
+  ps_emu::convert_all<float, half_t, __float2half_rn>(in, out, n);
+}
+void emu_bfloat16_to_float(const bfloat16_t* in, float* out, size_t n) {
+  ps_emu::convert_all<bfloat16_t, float, __bfloat162float>(in, out, n);
+}
+void emu_float_to_bfloat16(const float* in, bfloat16_t* out, size_t n) {
+  ps_emu::convert_all<float, bfloat16_t, __float2bfloat16_rn>(in, out, n);
+}
+
+}  // extern "C"

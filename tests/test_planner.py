@@ -1,0 +1,113 @@
+"""The planner over device profiles: every plan names a compiled variant and fits the device."""
+
+from __future__ import annotations
+
+import itertools
+from math import ceil
+
+import pytest
+
+from portable_softmax import _variants as V
+from portable_softmax.layout import Rows, Strided, describe
+from portable_softmax.planner import DeviceProfile, PlanError, RowProblem, StridedProblem, plan
+
+PROFILES = {"h100": DeviceProfile.h100(), "mi300x": DeviceProfile.mi300x(), "rdna3": DeviceProfile.rdna3()}
+COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047, 2048, 2049, 4096, 4097,
+        8191, 50257, 65536, 100000, 128256, 262144, 1 << 20, 10**8)
+ROWS = (1, 7, 128, 100000, 1 << 22)
+
+
+def _compiled_names(dtype: str, warp: int) -> set[str]:
+    return set(V.entry_names(dtype, warp)) | {V.strided_name(dtype, op) for op in V.OPS}
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
+    names = _compiled_names(dtype, device.warp_size)
+    tiers = set()
+    for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
+        if rows * cols > 1 << 40:
+            continue
+        p = plan(RowProblem(dtype, op, rows, cols, x_misalign=misalign, y_misalign=misalign), device)
+        tiers.add(p.tier)
+        for launch in p.launches:
+            assert launch.kernel in names, launch.kernel
+            assert f"_w{device.warp_size}_" in launch.kernel
+            assert 0 < launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
+            assert 0 < launch.grid <= device.max_grid_x
+            static = 2 * (1024 // device.warp_size) * 8
+            assert launch.shared_mem + static <= device.shared_mem_per_block_optin
+        if p.tier == "warp":
+            (launch,) = p.launches
+            v = next(w for w in V.warp_variants(dtype, op, device.warp_size, p.notes["vec"]) if w.name == launch.kernel)
+            assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
+        if p.tier == "split":
+            assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
+            assert p.scratch_bytes >= 2 * rows * p.notes["chunks"] * 4
+    assert tiers == {"warp", "block", "split"}
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_tiny_rows_pack_several_rows_per_warp(device):
+    p = plan(RowProblem("float32", "softmax", 4096, 8), device)
+    assert p.tier == "warp" and "_l2_s1_v4" in p.launches[0].kernel  # 2 lanes x 4 floats per row
+
+
+def test_warp_64_holds_twice_the_row_of_warp_32():
+    cols = 4096  # too long for one 32-lane warp's registers, fits 64 lanes
+    assert plan(RowProblem("float32", "softmax", 1000, cols), PROFILES["rdna3"]).tier == "block"
+    assert plan(RowProblem("float32", "softmax", 1000, cols), PROFILES["mi300x"]).tier == "warp"
+
+
+def test_misaligned_input_and_output_fall_back_to_scalar_slots():
+    aligned = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=1), PROFILES["h100"])
+    mixed = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=0), PROFILES["h100"])
+    assert aligned.notes["vec"] == 4 and mixed.notes["vec"] == 1
+
+
+def test_few_long_rows_are_split_across_blocks():
+    p = plan(RowProblem("float32", "softmax", 1, 10**8), PROFILES["h100"])
+    assert p.tier == "split" and p.notes["chunks"] >= 2 * 132 // 1
+
+
+def test_strided_plan_and_errors():
+    p = plan(StridedProblem("float32", "softmax", 8, 100, 64, (6400, 64, 1), (6400, 64, 1)), PROFILES["mi300x"])
+    assert p.tier == "strided" and p.launches[0].grid == ceil(8 * 64 / 256)
+    with pytest.raises(PlanError, match="warp size 16"):
+        plan(RowProblem("float32", "softmax", 1, 1), DeviceProfile("odd", "x", "y", 16, 1))
+    with pytest.raises(PlanError, match="supported: float32"):
+        plan(RowProblem("int8", "softmax", 1, 1), PROFILES["h100"])
+
+
+def test_empty_problems_launch_nothing():
+    assert plan(RowProblem("float32", "softmax", 0, 5), PROFILES["h100"]).launches == ()
+
+
+@pytest.mark.parametrize(
+    "shape, strides, axis, expected",
+    [
+        ((4, 5), (5, 1), 1, Rows(4, 5, 5)),
+        ((4, 5), (8, 1), 1, Rows(4, 5, 8)),
+        ((4, 5), (5, 1), 0, Strided(1, 4, 5, (0, 5, 1))),
+        ((2, 3, 4), (12, 4, 1), 1, Strided(2, 3, 4, (12, 4, 1))),
+        ((2, 3, 4), (12, 4, 1), 2, Rows(6, 4, 4)),
+        ((2, 3, 4), (24, 8, 1), 2, Rows(6, 4, 8)),
+        ((2, 3, 4), (40, 8, 1), 2, None),  # outer dims do not collapse
+        ((3, 1), (1, 1), 0, Rows(1, 3, 3)),  # trailing size-1 dims are no inner axis
+        ((5,), (-1,), 0, Strided(1, 5, 1, (0, -1, 0))),
+    ],
+)
+def test_layout_description(shape, strides, axis, expected):
+    assert describe(shape, strides, axis) == expected
+
+
+def test_generated_entry_points_match_the_catalogue(tmp_path):
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src_cuda"
+    for written in V.write_sources(tmp_path):
+        committed = src / written.name
+        assert committed.read_text() == written.read_text(), (
+            f"{committed} is stale: run `python -m portable_softmax._variants src_cuda`"
+        )

@@ -1,0 +1,118 @@
+"""The shared suite: every test runs on each backend that can run here (see conftest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from checks import DTYPES, OPS, assert_matches, boundary_cols, random_input
+from conftest import profile_of
+
+import portable_softmax as ps
+from portable_softmax._dtypes import host_dtype
+
+#: column counts beyond the tier boundaries: odd, prime, vocabulary sizes, not multiples of 4/32/64
+EXTRA_COLS = (1, 2, 3, 5, 7, 31, 33, 63, 65, 127, 129, 1000, 1025, 4097, 50257)
+
+
+def _op(op):
+    return ps.softmax if op == "softmax" else ps.log_softmax
+
+
+def _col_limit(backend: str) -> int:
+    # The emulation runs one fiber per GPU thread: it reaches its (small) tiers early.
+    return 1 << 14 if backend.startswith("emu") else 1 << 20
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_columns_across_every_tier_boundary(backend, rng, dtype, op):
+    limit = _col_limit(backend)
+    profile = profile_of(backend)
+    cols_list = sorted(set(boundary_cols(profile, dtype, 5, limit)) | {c for c in EXTRA_COLS if c <= limit} | {limit})
+    failures = []
+    for cols in cols_list:
+        rows = 5 if cols <= 70000 else 2
+        x = random_input(rng, (rows, cols), dtype)
+        try:
+            assert_matches(_op(op)(x), x, op=op, what=f"cols={cols}")
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_axis_of_3d(backend, rng, dtype, op):
+    x = random_input(rng, (6, 37, 70), dtype)
+    for axis in (0, 1, 2, -1, -2, -3):
+        assert_matches(_op(op)(x, axis=axis), x, axis=axis, op=op, what=f"axis={axis}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_views_strides_and_offsets(backend, rng, dtype):
+    base = random_input(rng, (64, 300), dtype)
+    views = {
+        "column offset": base[:, 1:],
+        "flat offset": base.reshape(-1)[3 : 3 + 63 * 299].reshape(63, 299),
+        "every other column": base[:, ::2],
+        "every third row": base[::3, 5:250],
+        "reversed rows": base[::-1],
+        "transposed": base.T,
+        "fortran order": np.asfortranarray(base),
+    }
+    for name, x in views.items():
+        for axis in (-1, 0):
+            assert_matches(ps.softmax(x, axis=axis), np.ascontiguousarray(x), axis=axis, what=name)
+
+
+_SPECIAL_COLS = (5, 300, 3000, 70000)
+
+
+@pytest.mark.parametrize("cols", _SPECIAL_COLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_inf_and_all_negative_infinity_rows(backend, rng, dtype, cols):
+    if backend.startswith("emu") and cols > 3000:
+        pytest.skip("the emulation reaches every tier below 3000 columns")
+    x = random_input(rng, (6, cols), dtype)
+    x[0, cols // 2] = np.nan  # NaN in a row -> that row is NaN
+    x[1, -1] = np.inf  # +inf -> NaN, like torch
+    x[2, :] = -np.inf  # all -inf -> NaN, or 0 with safe=True
+    x[3, : cols - 1] = -np.inf  # one finite element -> exactly 1 there
+    x[4, ::2] = -np.inf  # -inf elements -> exactly 0 there
+    for safe in (False, True):
+        y = np.asarray(ps.softmax(x, safe=safe)).astype(np.float64)
+        assert np.isnan(y[0]).all() and np.isnan(y[1]).all()
+        assert (y[2] == 0).all() if safe else np.isnan(y[2]).all()
+        assert y[3, -1] == 1.0 and (y[3, :-1] == 0).all()
+        assert (y[4, ::2] == 0).all()
+        assert_matches(ps.softmax(x, safe=safe), x, safe=safe, what=f"specials safe={safe}")
+    assert_matches(ps.log_softmax(x), x, op="log_softmax", what="specials")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_and_zero_dimensional(backend, dtype):
+    dt = host_dtype(dtype)
+    for shape in [(0,), (0, 5), (5, 0), (3, 0, 4)]:
+        for axis in range(-len(shape), len(shape)):
+            y = ps.softmax(np.empty(shape, dt), axis=axis)
+            assert y.shape == shape and y.dtype == dt
+    y = ps.softmax(np.asarray(3.5, dtype=dt))
+    assert y.shape == () and y.dtype == dt and float(y) == 1.0
+    assert float(ps.log_softmax(np.asarray(-2.0, dtype=dt))) == 0.0
+
+
+def test_out_argument_is_filled_and_returned(backend, rng):
+    x = random_input(rng, (33, 257), "float32")
+    out = np.full_like(x, np.nan)
+    assert ps.softmax(x, out=out) is out
+    assert_matches(out, x)
+    view_out = np.full((33, 514), np.nan, np.float32)[:, ::2]
+    assert ps.log_softmax(x, out=view_out) is view_out
+    assert_matches(view_out, x, op="log_softmax")
+
+
+def test_large_magnitudes_stay_finite(backend, rng):
+    x = random_input(rng, (4, 1000), "float32", scale=1e4)
+    assert_matches(ps.softmax(x), x)
+    x64 = random_input(rng, (4, 1000), "float64", scale=1e300)
+    assert_matches(ps.softmax(x64), x64)
