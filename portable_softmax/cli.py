@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,9 @@ def read_input(path: Path, dtype: str | None) -> np.ndarray:
             raise InputError(f"{path}: not a readable .npy file ({e})") from None
     else:
         try:
-            x = np.loadtxt(path, dtype=np.float64, ndmin=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "no data" is reported below
+                x = np.loadtxt(path, dtype=np.float64, ndmin=1)
         except ValueError as e:
             raise InputError(f"{path}: cannot parse as whitespace-separated numbers ({e})") from None
         if x.size == 0:
@@ -63,7 +66,7 @@ def _run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     times: dict[str, float] = {}
     t = time.perf_counter()
     if args.input is None:

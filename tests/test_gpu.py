@@ -1,0 +1,196 @@
+"""Device arrays on a real GPU: zero-copy views, the caller's type and stream, long rows, > 2**31 elements.
+
+Run on a machine with a GPU: ``pytest -m gpu``. Skipped elsewhere with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from checks import DTYPES, assert_matches, mismatches, random_input
+
+import portable_softmax as ps
+from portable_softmax import _probe
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_reason() -> str | None:
+    try:
+        _probe.runtime("cuda")
+        return None
+    except _probe.BackendUnavailableError as e:
+        return f"no CUDA device here ({e})"
+
+
+needs_cuda = pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+def _to_numpy(t) -> np.ndarray:
+    """A torch tensor as numpy, bfloat16 through ml_dtypes."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        from portable_softmax._dtypes import host_dtype
+
+        return t.view(torch.int16).numpy().view(host_dtype("bfloat16"))
+    return t.numpy()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_cuda_tensor_in_torch_out_same_device(rng, dtype):
+    torch = _torch_cuda()
+    for shape in [(4096, 1000), (7, 3), (3, 70000), (2, 1 << 20)]:
+        t = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", getattr(torch, dtype))
+        y = ps.softmax(t)
+        assert isinstance(y, torch.Tensor) and y.device == t.device and y.dtype == t.dtype
+        assert_matches(_to_numpy(y), _to_numpy(t), what=f"torch {shape}")
+        assert_matches(_to_numpy(ps.log_softmax(t)), _to_numpy(t), op="log_softmax", what=f"torch {shape}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_cupy_array_in_cupy_out(rng, dtype):
+    import cupy
+
+    x = random_input(rng, (513, 2049), dtype)
+    d = cupy.asarray(x)
+    y = ps.softmax(d, axis=1)
+    assert isinstance(y, cupy.ndarray) and y.device == d.device and y.dtype == d.dtype
+    assert_matches(cupy.asnumpy(y), x)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_misaligned_and_strided_device_views_are_computed_in_place(rng, dtype):
+    torch = _torch_cuda()
+    base = torch.from_numpy(random_input(rng, (300, 4100), "float32")).to("cuda", getattr(torch, dtype))
+    views = {
+        "column offset 1": base[:, 1:],
+        "column offset 3, odd width": base[:, 3:4098],
+        "flat offset 1": base.reshape(-1)[1 : 1 + 299 * 4099].view(299, 4099),
+        "every other column": base[:, ::2],
+        "transposed": base.t(),
+        "3-D permuted": base[:, :4096].reshape(300, 64, 64).permute(2, 0, 1),
+    }
+    for name, v in views.items():
+        for axis in range(-v.dim(), 0):
+            y = ps.softmax(v, axis=axis)
+            assert y.shape == v.shape
+            assert_matches(_to_numpy(y), _to_numpy(v.contiguous()), axis=axis, what=name)
+
+
+@needs_cuda
+def test_out_on_device_including_in_place(rng):
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, (64, 3000), "float32")).cuda()
+    expected = _to_numpy(x)
+    out = torch.full_like(x, float("nan"))
+    assert ps.softmax(x, out=out) is out
+    assert_matches(_to_numpy(out), expected)
+    strided_out = torch.full((64, 6000), float("nan"), device="cuda")[:, ::2]
+    assert ps.log_softmax(x, out=strided_out) is strided_out
+    assert_matches(_to_numpy(strided_out), expected, op="log_softmax")
+    assert ps.softmax(x, out=x) is x  # in place
+    assert_matches(_to_numpy(x), expected)
+    with pytest.raises(ValueError, match="out must live where the input does"):
+        ps.softmax(x, out=np.zeros((64, 3000), np.float32))
+
+
+@needs_cuda
+def test_runs_on_the_callers_stream_without_device_sync(rng):
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, (4096, 4096), "float32")).cuda()
+    expected = _to_numpy(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        big = torch.randn(8192, 8192, device="cuda")
+        for _ in range(20):  # keep the side stream busy so that ordering matters
+            big = big @ big.T / 8192
+        y = ps.softmax(x)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    assert_matches(_to_numpy(y), expected)
+
+
+@needs_cuda
+def test_one_row_of_1e8_floats(rng):
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, (1, 10**8), "float32")).cuda()
+    host = _to_numpy(x)
+    y = ps.softmax(x)
+    ours = int(mismatches(_to_numpy(y), host).sum())
+    theirs = int(mismatches(_to_numpy(torch.softmax(x, dim=-1)), host).sum())
+    print(f"1 x 1e8 float32: portable_softmax {ours} outputs outside tolerance, torch.softmax {theirs}")
+    assert ours == 0
+
+
+@needs_cuda
+def test_more_than_2_pow_31_elements(rng):
+    torch = _torch_cuda()
+    rows, cols = (1 << 16) + 3, 1 << 15  # 2**31 + 98304 elements of float16: 4 GiB in, 4 GiB out
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
+    y = ps.softmax(x)
+    sample = torch.tensor([0, 1, rows // 2, rows - 2, rows - 1], device="cuda")
+    assert_matches(_to_numpy(y[sample]), _to_numpy(x[sample]), what="rows sampled past 2**31")
+    sums = y.float().sum(dim=1)
+    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-2), "every row sums to 1"
+    xs = torch.randn(1, (1 << 31) + 5, device="cuda", dtype=torch.float16)  # one row past 2**31
+    ys = ps.softmax(xs)
+    assert abs(ys.double().sum().item() - 1.0) < 1e-2
+    tail = slice((1 << 31) - 2, None)
+    ref = torch.softmax(xs.double(), dim=-1)[0, tail]
+    assert torch.allclose(ys[0, tail].double(), ref, rtol=1e-2, atol=1e-12)
+
+
+@needs_cuda
+def test_numpy_inputs_go_through_the_gpu(rng):
+    assert ps.backend_info()["backend"] == "cuda"
+    x = random_input(rng, (1000, 777), "float32")
+    assert_matches(ps.softmax(x), x)
+    xb = random_input(rng, (100, 5000), "bfloat16")
+    assert_matches(ps.softmax(xb), xb)
+
+
+@needs_cuda
+def test_nvrtc_jit_path_matches(rng, tmp_path):
+    """A process that skips the AOT fatbin compiles the packaged source with NVRTC."""
+    code = (
+        "import numpy as np, portable_softmax as ps\n"
+        "from portable_softmax import _probe\n"
+        "x = (np.random.default_rng(1).standard_normal((300, 3000)) * 4).astype(np.float32)\n"
+        "y = ps.softmax(x)\n"
+        "rt = _probe.runtime('cuda')\n"
+        "print(rt.kernel_source(0, 'float32'))\n"
+        "np.save(r'%s', y)\n" % (tmp_path / "y.npy")
+    )
+    env = dict(os.environ, PORTABLE_SOFTMAX_FORCE_JIT="1", CUPY_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "jit:nvrtc" in proc.stdout
+    x = (np.random.default_rng(1).standard_normal((300, 3000)) * 4).astype(np.float32)
+    assert_matches(np.load(tmp_path / "y.npy"), x)
+    assert any((tmp_path / "cache").rglob("*")), "the compiled module is cached on disk"
+
+
+@needs_cuda
+def test_probe_reports_the_device():
+    info = ps.backend_info()
+    assert info["backend"] == "cuda" and info["warp_size"] == 32
+    assert info["arch"].startswith("sm_") and info["multiprocessors"] > 0
+    assert info["kernel_source"].startswith(("aot:", "jit:"))
