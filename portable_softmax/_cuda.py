@@ -95,8 +95,8 @@ class CudaRuntime:
         key = (device, name)
         ptr = self._functions.get(key)
         if ptr is None:
-            fn = self._module(device, dtype).get_function(name)
-            ptr = fn.ptr
+            kernel = self._module(device, dtype).get_function(name)  # a RawKernel around a driver Function
+            ptr = kernel.kernel.ptr
             self._functions[key] = ptr
         if shared_mem > _DEFAULT_DYNAMIC_SHARED:
             self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)

@@ -96,6 +96,9 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 // One dynamic shared-memory symbol for every kernel of a translation unit
 // (its declarations must agree); 16-byte elements keep any vector aligned.
 #define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]
+// Registers an entry point by name for the host emulation; GPU builds look
+// kernels up in the code object instead.
+#define PS_EXPORT_KERNEL(name)
 #endif
 
 // ---- storage type <-> compute type -------------------------------------

@@ -308,32 +308,37 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V(            \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
     ps::warp_rows<T, OP, W, L, S, V>(x, y, rows, cols, xs, ys, safe);                                \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V)
 
 #define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_block_##DT##_##OPN##_w##W##_v##V(                          \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::block_rows<T, OP, W, V>(x, y, rows, cols, xs, ys, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_block_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_##DT##_##OPN##_w##W##_v##V(               \
       const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                                  \
     ps::split_normalize<T, OP, W, V>(x, y, partials, rows, cols, xs, ys, chunk_slots, chunks, safe); \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_normalize_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_PARTIALS_ENTRY(DT, T, W, V)                                                               \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_partials_##DT##_w##W##_v##V(                        \
       const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs,            \
       ps::i64 chunk_slots, ps::i64 chunks) {                                                         \
     ps::split_partials<T, W, V>(x, partials, rows, cols, xs, chunk_slots, chunks);                  \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
 
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
     ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);          \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
