@@ -150,6 +150,12 @@ def _info(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portable-softmax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=SUPPORTED, help="cast the input to this dtype first")
     run.add_argument("--seed", type=int, default=0, help="seed of the demo input")
     run.set_defaults(func=_run)
+    bench = sub.add_parser("bench", help="bandwidth against the device-to-device copy and torch.softmax (GPU)")
+    bench.add_argument("--shapes", help="comma-separated shapes like 65536x1024,1x100000000 (default: a sweep)")
+    bench.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float16,bfloat16)")
+    bench.add_argument("--ops", default="softmax,log_softmax")
+    bench.add_argument("--axis", type=int, default=-1)
+    bench.add_argument("--mib", type=float, default=256, help="input size of the default sweep's shapes")
+    bench.add_argument("--reps", type=int, default=20)
+    bench.add_argument("--json", help="write the results as JSON")
+    bench.add_argument("--markdown", help="write the table as Markdown")
+    bench.add_argument("--plot", help="write a PNG of %% of copy against columns per dtype")
+    bench.set_defaults(func=_bench)
     return parser
 
 

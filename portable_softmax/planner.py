@@ -216,7 +216,12 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     if lines <= 0 or p.cols <= 0:
         return Plan("empty", ())
     threads = 256
+    # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
+    # the rest of the block splits the reduced axis.
+    inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
+    tiles = p.outer * ceil(p.inner / inner_tile)
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
-            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, _safe(p)))
-    launch = Launch(V.strided_name(p.dtype, p.op), _grid(ceil(lines / threads), device, 8), threads, 0, args)
-    return Plan("strided", (launch,))
+            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
+            (I32, _safe(p)))
+    launch = Launch(V.strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
+    return Plan("strided", (launch,), notes={"inner_tile": inner_tile})

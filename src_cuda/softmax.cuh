@@ -47,6 +47,27 @@ template <typename C, int N> PS_DEVICE MD<C> md_of(const C* v) {
   return r;
 }
 
+// Streaming (m, d) of values seen one at a time: the sum is rescaled only when
+// the max grows, and compensated (Kahan) so long runs keep float32 accuracy.
+template <typename C> struct OnlineSum {
+  C m, d, carry;
+  PS_DEVICE OnlineSum() : m(ps_neg_inf<C>()), d(C(0)), carry(C(0)) {}
+  PS_DEVICE void push(C v) {
+    if (v > m || v != v) {  // a new max, or NaN, which then reaches every output
+      const C scale = m == ps_neg_inf<C>() ? C(0) : ps_exp(m - v);
+      d *= scale;
+      carry *= scale;
+      m = v;
+    }
+    const C term = m == ps_neg_inf<C>() ? C(0) : ps_exp(v - m);
+    const C y = term - carry;
+    const C t = d + y;
+    carry = (t - d) - y;
+    d = t;
+  }
+  PS_DEVICE MD<C> md() const { MD<C> r = {m, d}; return r; }
+};
+
 // Butterfly over `width` consecutive lanes; every lane ends with the total.
 template <int width, typename C> PS_DEVICE MD<C> md_reduce_lanes(MD<C> md) {
 #pragma unroll
@@ -230,13 +251,14 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
 template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
   typedef typename compute_of<T>::type C;
-  MD<C> md = md_identity<C>();
+  OnlineSum<C> acc;
   for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
     C v[VEC];
     rs.load(k, v);
-    md = md_combine(md, md_of<C, VEC>(v));
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc.push(v[j]);
   }
-  return md;
+  return acc.md();
 }
 
 template <typename T, int WARP, int VEC>
@@ -278,25 +300,48 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
 }
 
 // ---- reduction over a non-last axis -------------------------------------------
-// The tensor is (outer, cols, inner); one thread per (outer, inner) position walks
-// the reduced axis, so neighbouring threads touch neighbouring inner elements.
+// The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
+// inner positions (coalesced loads) and splits the reduced axis among
+// blockDim / inner_tile column groups, whose (m, d) pairs merge in shared memory.
 template <typename T, int OP>
 PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
-                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int safe) {
+                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int inner_tile, int safe) {
   typedef typename compute_of<T>::type C;
-  const i64 lines = outer * inner;
-  for (i64 t = (i64)PS_BLOCK_X * PS_BLOCK_DIM_X + PS_THREAD_X; t < lines;
-       t += (i64)PS_GRID_DIM_X * PS_BLOCK_DIM_X) {
-    const i64 o = t / inner, i = t % inner;
+  PS_SHARED C part_m[1024];
+  PS_SHARED C part_d[1024];
+  const int tx = PS_THREAD_X % inner_tile;
+  const int ty = PS_THREAD_X / inner_tile;
+  const int groups = PS_BLOCK_DIM_X / inner_tile;
+  const i64 tiles_per_outer = (inner + inner_tile - 1) / inner_tile;
+  for (i64 tile = PS_BLOCK_X; tile < outer * tiles_per_outer; tile += PS_GRID_DIM_X) {
+    const i64 o = tile / tiles_per_outer;
+    const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
+    const bool active = i < inner;
     const T* xl = x + o * xs_outer + i * xs_inner;
-    T* yl = y + o * ys_outer + i * ys_inner;
-    MD<C> md = md_identity<C>();
-    for (i64 c = 0; c < cols; ++c) {
-      C v = to_compute(xl[c * xs_col]);
-      md = md_combine(md, md_of<C, 1>(&v));
+    OnlineSum<C> acc;
+    if (active) {
+      for (i64 c = ty; c < cols; c += groups) acc.push(to_compute(xl[c * xs_col]));
     }
-    const RowFinish<OP, C> f(md, safe != 0);
-    for (i64 c = 0; c < cols; ++c) yl[c * ys_col] = from_compute<T>(f(to_compute(xl[c * xs_col])));
+    part_m[PS_THREAD_X] = acc.m;
+    part_d[PS_THREAD_X] = acc.d;
+    PS_SYNC();
+    if (ty == 0) {  // each thread merges the groups of its own inner position
+      MD<C> md = md_identity<C>();
+      for (int g = 0; g < groups; ++g) {
+        MD<C> part = {part_m[g * inner_tile + tx], part_d[g * inner_tile + tx]};
+        md = md_combine(md, part);
+      }
+      part_m[tx] = md.m;
+      part_d[tx] = md.d;
+    }
+    PS_SYNC();
+    MD<C> total = {part_m[tx], part_d[tx]};
+    PS_SYNC();  // the next tile reuses the scratch
+    if (active) {
+      const RowFinish<OP, C> f(total, safe != 0);
+      T* yl = y + o * ys_outer + i * ys_inner;
+      for (i64 c = ty; c < cols; c += groups) yl[c * ys_col] = from_compute<T>(f(to_compute(xl[c * xs_col])));
+    }
   }
 }
 
@@ -338,7 +383,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
-      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
-    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);          \
+      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile, int safe) {                \
+    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)

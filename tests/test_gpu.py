@@ -129,45 +129,6 @@ def test_runs_on_the_callers_stream_without_device_sync(rng):
 
 
 @needs_cuda
-def test_one_row_of_1e8_floats(rng):
-    torch = _torch_cuda()
-    x = torch.from_numpy(random_input(rng, (1, 10**8), "float32")).cuda()
-    host = _to_numpy(x)
-    y = ps.softmax(x)
-    ours = int(mismatches(_to_numpy(y), host).sum())
-    theirs = int(mismatches(_to_numpy(torch.softmax(x, dim=-1)), host).sum())
-    print(f"1 x 1e8 float32: portable_softmax {ours} outputs outside tolerance, torch.softmax {theirs}")
-    assert ours == 0
-
-
-@needs_cuda
-def test_more_than_2_pow_31_elements(rng):
-    torch = _torch_cuda()
-    rows, cols = (1 << 16) + 3, 1 << 15  # 2**31 + 98304 elements of float16: 4 GiB in, 4 GiB out
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
-    y = ps.softmax(x)
-    sample = torch.tensor([0, 1, rows // 2, rows - 2, rows - 1], device="cuda")
-    assert_matches(_to_numpy(y[sample]), _to_numpy(x[sample]), what="rows sampled past 2**31")
-    sums = y.float().sum(dim=1)
-    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-2), "every row sums to 1"
-    xs = torch.randn(1, (1 << 31) + 5, device="cuda", dtype=torch.float16)  # one row past 2**31
-    ys = ps.softmax(xs)
-    assert abs(ys.double().sum().item() - 1.0) < 1e-2
-    tail = slice((1 << 31) - 2, None)
-    ref = torch.softmax(xs.double(), dim=-1)[0, tail]
-    assert torch.allclose(ys[0, tail].double(), ref, rtol=1e-2, atol=1e-12)
-
-
-@needs_cuda
-def test_numpy_inputs_go_through_the_gpu(rng):
-    assert ps.backend_info()["backend"] == "cuda"
-    x = random_input(rng, (1000, 777), "float32")
-    assert_matches(ps.softmax(x), x)
-    xb = random_input(rng, (100, 5000), "bfloat16")
-    assert_matches(ps.softmax(xb), xb)
-
-
-@needs_cuda
 def test_nvrtc_jit_path_matches(rng, tmp_path):
     """A process that skips the AOT fatbin compiles the packaged source with NVRTC."""
     code = (
@@ -189,8 +150,59 @@ def test_nvrtc_jit_path_matches(rng, tmp_path):
 
 
 @needs_cuda
+def test_one_row_of_1e8_floats(rng):
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, (1, 10**8), "float32")).cuda()
+    host = _to_numpy(x)
+    y = ps.softmax(x)
+    ours = int(mismatches(_to_numpy(y), host).sum())
+    theirs = int(mismatches(_to_numpy(torch.softmax(x, dim=-1)), host).sum())
+    print(f"1 x 1e8 float32: portable_softmax {ours} outputs outside tolerance, torch.softmax {theirs}")
+    assert ours == 0
+
+
+@needs_cuda
+def test_numpy_inputs_go_through_the_gpu(rng):
+    assert ps.backend_info()["backend"] == "cuda"
+    x = random_input(rng, (1000, 777), "float32")
+    assert_matches(ps.softmax(x), x)
+    xb = random_input(rng, (100, 5000), "bfloat16")
+    assert_matches(ps.softmax(xb), xb)
+
+
+@needs_cuda
 def test_probe_reports_the_device():
     info = ps.backend_info()
     assert info["backend"] == "cuda" and info["warp_size"] == 32
     assert info["arch"].startswith("sm_") and info["multiprocessors"] > 0
     assert info["kernel_source"].startswith(("aot:", "jit:"))
+
+
+@needs_cuda
+def test_more_than_2_pow_31_elements(rng):
+    torch = _torch_cuda()
+    rows, cols = (1 << 16) + 3, 1 << 15  # 2**31 + 98304 float16 elements: 4 GiB in, 4 GiB out
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
+    y = ps.softmax(x)
+    sample = torch.tensor([0, 1, rows // 2, rows - 2, rows - 1], device="cuda")
+    assert_matches(_to_numpy(y[sample]), _to_numpy(x[sample]), what="rows sampled past 2**31")
+    sums = y.float().sum(dim=1)
+    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-2), "every row sums to 1"
+    del x, y
+
+    # One float32 row of n > 2**31: zeros but one element of log(n) at an index past 2**31,
+    # so every output is known exactly: e**big / (n - 1 + e**big) there, 1 / (n - 1 + e**big) elsewhere.
+    n = (1 << 31) + 5
+    row = torch.zeros(1, n, device="cuda")
+    peak = n - 3
+    row[0, peak] = float(np.float32(np.log(n)))
+    out = ps.softmax(row)
+    big = float(np.exp(np.float64(np.float32(np.log(n)))))
+    denom = (n - 1) + big
+    got_peak = out[0, peak].item()
+    assert abs(got_peak - big / denom) <= 1e-6 + 1e-5 * big / denom, got_peak
+    others = out[0, torch.tensor([0, 1 << 30, (1 << 31) - 1, 1 << 31, n - 1], device="cuda")].double()
+    expected = torch.full_like(others, 1 / denom)
+    assert torch.allclose(others, expected, rtol=1e-5, atol=0), others
+    del row, out
+    torch.cuda.empty_cache()

@@ -1,0 +1,191 @@
+"""``portable-softmax bench``: bandwidth of softmax against the device-to-device copy, beside torch.
+
+Every figure is (bytes read + bytes written) / median time, with the L2 cache flushed
+before each timed repetition, and reported as a fraction of the copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+#: the default sweep: tiny to long rows, non-powers of two, vocabulary sizes, one huge row
+DEFAULT_COLS = (1, 7, 32, 100, 128, 1000, 1024, 3000, 4096, 8192, 32000, 50257, 131072, 128256, 262144)
+DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class Result:
+    dtype: str
+    op: str
+    shape: tuple[int, ...]
+    axis: int
+    bytes_moved: int
+    copy_gbs: float
+    ours_gbs: float
+    torch_gbs: float | None
+    ours_pct_of_copy: float
+    torch_pct_of_copy: float | None
+    max_abs_error_vs_float64: float | None = None
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(float(d)) for d in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"shape {text!r} is not like 4096x1000") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise ValueError(f"shape {text!r} needs positive dimensions")
+    return dims
+
+
+def default_shapes(dtype: str, target_bytes: int) -> list[tuple[int, ...]]:
+    """2-D shapes of about ``target_bytes`` per input for each default column count."""
+    size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
+    return [(max(1, target_bytes // (size * c)), c) for c in DEFAULT_COLS]
+
+
+class _Timer:
+    """Median event timing of a callable with the L2 flushed before each repetition."""
+
+    def __init__(self, torch, reps: int):
+        self.torch, self.reps = torch, reps
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        self.flush = torch.empty(max(2 * l2, 1 << 26), dtype=torch.uint8, device="cuda")
+
+    def median_ms(self, fn) -> float:
+        torch = self.torch
+        fn()  # warm-up: module load, run-time compilation, allocator
+        times = []
+        for _ in range(self.reps):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+
+def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str], axis: int, reps: int,
+              check: bool = True, progress=None) -> list[Result]:
+    import torch
+
+    import portable_softmax as ps
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench needs a GPU visible to torch")
+    timer = _Timer(torch, reps)
+    results = []
+    for dtype, shapes in shapes_by_dtype.items():
+        tdtype = getattr(torch, dtype)
+        for shape in shapes:
+            x = (torch.randn(*shape, device="cuda") * 4).to(tdtype)
+            y = torch.empty_like(x)
+            nbytes = 2 * x.numel() * x.element_size()
+            copy_ms = timer.median_ms(lambda x=x, y=y: y.copy_(x))
+            for op in ops:
+                ours = ps.softmax if op == "softmax" else ps.log_softmax
+                theirs = torch.softmax if op == "softmax" else torch.log_softmax
+                ours_ms = timer.median_ms(lambda x=x, y=y, ours=ours: ours(x, axis=axis, out=y))
+                err = None
+                if check and x.numel() <= 1 << 27:
+                    ref = theirs(x.double(), dim=axis)
+                    ours(x, axis=axis, out=y)
+                    err = float((y.double() - ref).abs().nan_to_num(0).max())
+                    del ref
+                torch_ms = timer.median_ms(lambda x=x, theirs=theirs: theirs(x, dim=axis))
+                copy_gbs = nbytes / copy_ms / 1e6
+                r = Result(dtype, op, tuple(shape), axis, nbytes, copy_gbs, nbytes / ours_ms / 1e6,
+                           nbytes / torch_ms / 1e6, 100 * copy_ms / ours_ms, 100 * copy_ms / torch_ms, err)
+                results.append(r)
+                if progress is not None:
+                    progress(r)
+            del x, y
+            torch.cuda.empty_cache()
+    return results
+
+
+def render_table(results: list[Result], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("dtype", "op", "shape", "copy GB/s", "ours GB/s", "ours % copy", "torch % copy", "max |err|"):
+        table.add_column(col, justify="right" if col not in ("dtype", "op") else "left")
+    for r in results:
+        table.add_row(r.dtype, r.op, "x".join(map(str, r.shape)), f"{r.copy_gbs:.0f}", f"{r.ours_gbs:.0f}",
+                      f"{r.ours_pct_of_copy:.0f}", f"{r.torch_pct_of_copy:.0f}" if r.torch_pct_of_copy else "-",
+                      f"{r.max_abs_error_vs_float64:.1e}" if r.max_abs_error_vs_float64 is not None else "-")
+    return table
+
+
+def markdown_table(results: list[Result]) -> str:
+    lines = ["| dtype | op | shape | copy GB/s | ours GB/s | ours % of copy | torch % of copy |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.dtype} | {r.op} | {'x'.join(map(str, r.shape))} | {r.copy_gbs:.0f} | {r.ours_gbs:.0f} "
+                     f"| {r.ours_pct_of_copy:.0f} | {r.torch_pct_of_copy:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r.dtype for r in results})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        for op, style in (("softmax", "-o"), ("log_softmax", "--s")):
+            rs = sorted((r for r in results if r.dtype == dtype and r.op == op), key=lambda r: r.shape[-1])
+            if not rs:
+                continue
+            cols = [r.shape[r.axis] for r in rs]
+            ax.plot(cols, [r.ours_pct_of_copy for r in rs], style, label=f"portable_softmax {op}")
+            ax.plot(cols, [r.torch_pct_of_copy for r in rs], style, alpha=0.5, label=f"torch {op}")
+        ax.axhline(90, color="gray", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("columns (reduced axis length)")
+        ax.set_ylabel("% of device-to-device copy bandwidth")
+        ax.set_title(dtype)
+        ax.set_ylim(0, 110)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
+    target = int(args.mib * (1 << 20))
+    if args.shapes:
+        shapes = [parse_shape(s) for s in args.shapes.split(",")]
+        by_dtype = {d: shapes for d in dtypes}
+    else:
+        by_dtype = {d: default_shapes(d, target) for d in dtypes}
+    ops = args.ops.split(",")
+    total = sum(len(s) for s in by_dtype.values()) * len(ops)
+    console = Console()
+    with Progress(console=console) as progress:
+        task = progress.add_task("benchmarking", total=total)
+        results = run_bench(by_dtype, ops, args.axis, args.reps, progress=lambda r: progress.advance(task))
+    device = torch.cuda.get_device_name()
+    title = f"{device}, {time.strftime('%Y-%m-%d')}, median of {args.reps} with L2 flushed"
+    console.print(render_table(results, title))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                       "results": [asdict(r) for r in results]}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown_table(results) + "\n")
+    if args.plot:
+        plot(results, args.plot)
+    return 0
