@@ -44,7 +44,7 @@ class DeviceArray:
     def empty(self, shape):  # an output of the caller's library, C-contiguous
         raise NotImplementedError
 
-    def scratch(self, nbytes: int):  # (pointer, keep-alive object)
+    def scratch(self, nbytes: int):  # (pointer, keep-alive object) of zeroed device memory
         raise NotImplementedError
 
     def stream(self) -> int:
@@ -76,7 +76,7 @@ class TorchDevice(DeviceArray):
         return self.torch.empty(shape, dtype=self.array.dtype, device=self.array.device)
 
     def scratch(self, nbytes):
-        buf = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.array.device)
+        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.array.device)
         return buf.data_ptr(), buf
 
     def stream(self):
@@ -108,7 +108,7 @@ class CupyDevice(DeviceArray):
 
     def scratch(self, nbytes):
         with self.cupy.cuda.Device(self.device_index):
-            buf = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+            buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
         return buf.data.ptr, buf
 
     def stream(self):

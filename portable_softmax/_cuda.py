@@ -37,6 +37,7 @@ class CudaRuntime:
         self._profiles: dict[int, DeviceProfile] = {}
         self._modules: dict[tuple[int, str], Any] = {}
         self._functions: dict[tuple[int, str], int] = {}
+        self._occupancy: dict[tuple[int, int, int], int] = {}
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
 
     # ---- probe ---------------------------------------------------------------------
@@ -55,6 +56,8 @@ class CudaRuntime:
                 shared_mem_per_block=int(p["sharedMemPerBlock"]),
                 shared_mem_per_block_optin=int(p.get("sharedMemPerBlockOptin", p["sharedMemPerBlock"])),
                 max_grid_x=int(p["maxGridSize"][0]),
+                max_threads_per_multiprocessor=int(p["maxThreadsPerMultiProcessor"]),
+                shared_mem_per_multiprocessor=int(p["sharedMemPerMultiprocessor"]),
             )
             self._profiles[device] = prof
         return prof
@@ -114,8 +117,21 @@ class CudaRuntime:
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
             packed = PackedArgs(step.args, buffers)
-            self.driver.launchKernel(fn, step.grid, 1, 1, step.block, 1, 1, step.shared_mem, stream,
-                                     packed.address, 0)
+            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            self.driver.launchKernel(fn, grid, 1, 1, step.block, 1, 1, step.shared_mem, stream, packed.address, 0)
+
+    def resident_grid(self, fn: int, step, device: int) -> int:
+        """The launch's grid cut to what the device keeps resident at once (blocks wait on each other)."""
+        key = (fn, step.block, step.shared_mem)
+        per_sm = self._occupancy.get(key)
+        if per_sm is None:
+            per_sm = self.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, step.block, step.shared_mem)
+            self._occupancy[key] = per_sm
+        resident = per_sm * self.profile(device).multiprocessors
+        if resident < step.min_grid:
+            raise RuntimeError(f"{step.kernel} needs {step.min_grid} resident blocks; the device holds {resident}")
+        grid = min(step.grid, resident)
+        return grid - grid % step.min_grid
 
     def run_host(self, x: np.ndarray, plan: Plan, dtype: str, device: int) -> np.ndarray:
         """A C-contiguous host array through pinned buffers and async copies on the current stream."""
@@ -128,9 +144,8 @@ class CudaRuntime:
             y_dev = cupy.empty(x.nbytes, np.uint8)
             x_dev.set(pinned, stream=stream)
             buffers = {"x": x_dev.data.ptr, "y": y_dev.data.ptr}
-            scratch = cupy.empty(plan.scratch_bytes, np.uint8) if plan.scratch_bytes else None
-            if scratch is not None:
-                buffers["partials"] = scratch.data.ptr
+            scratch = [cupy.zeros(nbytes, np.uint8) for _, nbytes in plan.scratch]
+            buffers.update((name, buf.data.ptr) for (name, _), buf in zip(plan.scratch, scratch))
             self.launch(plan, dtype, buffers, stream.ptr, device)
             y_dev.get(stream=stream, out=pinned)
             stream.synchronize()

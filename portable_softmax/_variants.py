@@ -38,6 +38,11 @@ def vector_widths(dtype: str) -> tuple[int, int]:
     return (1, 16 // DTYPES[dtype][2])
 
 
+def warp_batch(slots: int) -> int:
+    """Rows a lane group takes per step in the register tier (WarpBatch in softmax.cuh)."""
+    return 1 if slots >= 4 else 4 // slots
+
+
 def max_slots(dtype: str, vec: int) -> int:
     return MAX_VALUES_PER_LANE[compute_type(dtype)] // vec
 
@@ -84,6 +89,10 @@ def split_normalize_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_split_normalize_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
 
+def split_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
+    return f"ps_split_cached_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
+
+
 def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
@@ -95,7 +104,8 @@ def entry_names(dtype: str, warp: int) -> list[str]:
         names.append(split_partials_name(dtype, warp, vec))
         for op in OPS:
             names += [v.name for v in warp_variants(dtype, op, warp, vec)]
-            names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec)]
+            names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
+                      split_cached_name(dtype, op, warp, vec)]
     return names
 
 
@@ -109,6 +119,7 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
                 lines.append(f"PS_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
             lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_SPLIT_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
+            lines.append(f"PS_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
     return lines
 
 

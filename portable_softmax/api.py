@@ -180,11 +180,12 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
 
 def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
     buffers = {"x": src.ptr, "y": y_ptr}
-    keep = None
-    if the_plan.scratch_bytes:
-        buffers["partials"], keep = src.scratch(the_plan.scratch_bytes)
+    keep = []
+    for name, nbytes in the_plan.scratch:
+        buffers[name], buf = src.scratch(nbytes)
+        keep.append(buf)
     rt.launch(the_plan, src.dtype, buffers, src.stream(), src.device_index)
-    del keep  # stream-ordered allocators reuse it only after the launches above
+    del keep  # stream-ordered allocators reuse scratch only after the launches above
 
 
 def _element_strides(y) -> tuple[int, ...]:

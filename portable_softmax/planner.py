@@ -35,10 +35,13 @@ class DeviceProfile:
     shared_mem_per_block: int = 48 * 1024
     shared_mem_per_block_optin: int = 48 * 1024
     max_grid_x: int = 2**31 - 1
+    max_threads_per_multiprocessor: int = 2048
+    shared_mem_per_multiprocessor: int = 64 * 1024
 
     @classmethod
     def h100(cls) -> DeviceProfile:
-        return cls("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 32, 132, 1024, 48 * 1024, 227 * 1024)
+        return cls("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 32, 132, 1024, 48 * 1024, 227 * 1024,
+                   shared_mem_per_multiprocessor=228 * 1024)
 
     @classmethod
     def mi300x(cls) -> DeviceProfile:
@@ -92,17 +95,25 @@ class Launch:
     grid: int
     block: int
     shared_mem: int
-    #: (kind, value): kind PTR takes a buffer name ("x", "y", "partials")
+    #: (kind, value): kind PTR takes a buffer name ("x", "y", or a scratch buffer's name)
     args: tuple[tuple[str, int | str], ...]
+    #: every block must be resident at once (blocks wait on each other); the runtime may
+    #: shrink the grid to what fits, never below min_grid
+    cooperative: bool = False
+    min_grid: int = 1
 
 
 @dataclass(frozen=True)
 class Plan:
     tier: str
     launches: tuple[Launch, ...]
-    #: bytes of device scratch the launches address as "partials"
-    scratch_bytes: int = 0
+    #: zero-filled device scratch buffers (name, bytes) the launches address by name
+    scratch: tuple[tuple[str, int], ...] = ()
     notes: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return sum(n for _, n in self.scratch)
 
 
 class PlanError(ValueError):
@@ -171,26 +182,53 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     xs, ys = p.strides()
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))
     itemsize = V.DTYPES[p.dtype][2]
+    notes = {"vec": vec, "slots": slots}
 
     variant = _warp_variant(p, warp, vec, slots)
     if variant is not None:
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
-        rows_per_block = threads // variant.lanes
+        rows_per_block = threads // variant.lanes * V.warp_batch(variant.slots)
         launch = Launch(variant.name, _grid(ceil(p.rows / rows_per_block), device), threads, 0,
                         row_args + ((I32, _safe(p)),))
-        return Plan("warp", (launch,), notes={"vec": vec, "slots": slots})
+        return Plan("warp", (launch,), notes=notes)
 
     cache_bytes = slots * vec * itemsize
-    # The block reduction's static scratch lives beside the dynamic row cache.
-    static_bytes = 2 * (1024 // warp) * (8 if V.compute_type(p.dtype) == "double" else 4)
-    # Long rows, too few of them to occupy every multiprocessor, go to the split tier.
-    few_rows = p.rows < device.multiprocessors and slots > 16 * device.max_threads_per_block
-    if cache_bytes + static_bytes <= device.shared_mem_per_block_optin and not few_rows:
+    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    # The block reduction's static scratch, and what the runtime reserves per block, sit beside the cache.
+    static_bytes = 2 * (1024 // warp) * compute_bytes + 1024
+    # A block may take half a multiprocessor's shared memory, so that two blocks overlap
+    # one's reduction with the other's loads.
+    block_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 2) - static_bytes
+    few_rows = p.rows < device.multiprocessors
+    if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
         threads = min(device.max_threads_per_block, max(4 * warp, ceil(slots / 8 / warp) * warp))
-        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _grid(p.rows, device, 4), threads,
+        per_sm = max(1, min(device.max_threads_per_multiprocessor // threads,
+                            device.shared_mem_per_multiprocessor // (cache_bytes + static_bytes)))
+        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _grid(p.rows, device, per_sm), threads,
                         cache_bytes, row_args + ((I32, _safe(p)),))
-        return Plan("block", (launch,), notes={"vec": vec, "slots": slots})
+        return Plan("block", (launch,), notes=notes)
 
+    threads = min(device.max_threads_per_block, 512)
+    # On chip: chunks of at most block_budget bytes on co-resident blocks, at most one per
+    # multiprocessor for a row (one resident block per multiprocessor is always possible).
+    chunk_cap = max(threads, (block_budget // (vec * itemsize)))
+    chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
+    if chunks <= device.multiprocessors:
+        chunk_slots = ceil(slots / chunks)
+        chunks = ceil(slots / chunk_slots)
+        resident = device.multiprocessors * max(1, min(device.max_threads_per_multiprocessor // threads,
+                                                       device.shared_mem_per_multiprocessor //
+                                                       (chunk_slots * vec * itemsize + static_bytes)))
+        grid = max(chunks, min(p.rows * chunks, resident) // chunks * chunks)
+        launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, chunk_slots * vec * itemsize,
+                        (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
+                         (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
+                        cooperative=True, min_grid=chunks)
+        notes.update(chunks=chunks, chunk_slots=chunk_slots)
+        return Plan("cached", (launch,), scratch=(("partials", 2 * p.rows * chunks * compute_bytes),
+                                                  ("arrivals", 4 * p.rows)), notes=notes)
+
+    # Rows too long to keep on chip: stream them twice.
     threads = device.max_threads_per_block
     min_chunk = 4 * threads  # each thread streams at least four slots per chunk
     max_chunk = 64 * threads
@@ -199,7 +237,6 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     chunk_slots = ceil(slots / chunks)
     chunks = ceil(slots / chunk_slots)
     jobs = p.rows * chunks
-    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
     grid = _grid(jobs, device, 4)
     partials = Launch(V.split_partials_name(p.dtype, warp, vec), grid, threads, 0,
                       (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
@@ -207,8 +244,8 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     normalize = Launch(V.split_normalize_name(p.dtype, p.op, warp, vec), grid, threads, 0,
                        (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
                         (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
-    return Plan("split", (partials, normalize), scratch_bytes=2 * jobs * compute_bytes,
-                notes={"vec": vec, "slots": slots, "chunks": chunks, "chunk_slots": chunk_slots})
+    notes.update(chunks=chunks, chunk_slots=chunk_slots)
+    return Plan("split", (partials, normalize), scratch=(("partials", 2 * jobs * compute_bytes),), notes=notes)
 
 
 def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:

@@ -67,6 +67,8 @@ template <typename V>
 PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor(v, lane_mask, width);
 }
+// Back off while waiting on another block (a few cycles of s_sleep).
+#define PS_SPIN_PAUSE() __builtin_amdgcn_s_sleep(1)
 
 #else  // NVIDIA CUDA (nvcc or NVRTC)
 #include <cuda_fp16.h>
@@ -83,6 +85,8 @@ template <typename V>
 PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor_sync(kWholeWarpMask, v, lane_mask, width);
 }
+// Back off while waiting on another block (sm_70 and newer).
+#define PS_SPIN_PAUSE() __nanosleep(64)
 // NVRTC has no __builtin_huge_val / __builtin_nan: spell the bits.
 #define PS_INF_F __int_as_float(0x7f800000)
 #define PS_NAN_F __int_as_float(0x7fffffff)
@@ -106,6 +110,8 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 #define PS_BLOCK_DIM_X blockDim.x
 #define PS_GRID_DIM_X gridDim.x
 #define PS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define PS_THREAD_FENCE() __threadfence()
+#define PS_ATOMIC_ADD(address, value) atomicAdd((address), (value))
 // One dynamic shared-memory symbol for every kernel of a translation unit
 // (its declarations must agree); 16-byte elements keep any vector aligned.
 #define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]

@@ -168,42 +168,74 @@ template <int OP, typename C, int VEC> PS_DEVICE void finish_slot(const RowFinis
 
 // ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
 // LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
-// a warp per row. Each lane holds SLOTS slots of VEC elements.
+// a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
+// BATCH rows per step so that short rows still keep several loads in flight.
+template <int SLOTS> struct WarpBatch { static const int rows = SLOTS >= 4 ? 1 : 4 / SLOTS; };
+
 template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
 PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
   typedef typename compute_of<T>::type C;
   static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
+  const int BATCH = WarpBatch<SLOTS>::rows;
+  const int N = SLOTS * VEC;
   const int lane = PS_THREAD_X % LANES;
   const i64 group = PS_THREAD_X / LANES;
   const i64 groups_per_block = PS_BLOCK_DIM_X / LANES;
+  const i64 rows_per_step = groups_per_block * BATCH;
   // The bound depends on the block only, so all lanes of a warp stay in the
   // loop together and every shuffle sees its whole lane group.
-  for (i64 first_row = (i64)PS_BLOCK_X * groups_per_block; first_row < rows;
-       first_row += (i64)PS_GRID_DIM_X * groups_per_block) {
-    const i64 row = first_row + group;
-    const bool active = row < rows;
-    const i64 r = active ? row : 0;
-    const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, active ? cols : 0);
-    C v[SLOTS * VEC];
+  for (i64 first_row = (i64)PS_BLOCK_X * rows_per_step; first_row < rows;
+       first_row += (i64)PS_GRID_DIM_X * rows_per_step) {
+    C v[BATCH][N];
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = (i64)s * LANES + lane;
-      if (k < rs.slots) {
-        rs.load(k, v + s * VEC);
-      } else {
+    for (int b = 0; b < BATCH; ++b) {
+      const i64 row = first_row + b * groups_per_block + group;
+      const i64 r = row < rows ? row : 0;
+      const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, row < rows ? cols : 0);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = (i64)s * LANES + lane;
+        if (k < rs.slots) {
+          rs.load(k, v[b] + s * VEC);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[b][s * VEC + j] = ps_neg_inf<C>();
+        }
       }
     }
-    const MD<C> md = md_reduce_lanes<LANES>(md_of<C, SLOTS * VEC>(v));
-    if (!active) continue;
-    const RowFinish<OP, C> f(md, safe != 0);
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = (i64)s * LANES + lane;
-      if (k < rs.slots) {
-        finish_slot<OP, C, VEC>(f, v + s * VEC);
-        rs.store(k, v + s * VEC);
+    for (int b = 0; b < BATCH; ++b) {
+      const i64 row = first_row + b * groups_per_block + group;
+      // Lane-local (m, d). For softmax each value becomes exp(x - lane max) on the
+      // way, so the output costs one multiply instead of a second exp.
+      C m_lane = ps_neg_inf<C>();
+#pragma unroll
+      for (int j = 0; j < N; ++j) m_lane = max_nan(m_lane, v[b][j]);
+      C d_lane = C(0);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const C e = m_lane == ps_neg_inf<C>() ? C(0) : ps_exp(v[b][j] - m_lane);
+        d_lane += e;
+        if (OP == kSoftmax) v[b][j] = e;
+      }
+      MD<C> own = {m_lane, d_lane};
+      const MD<C> md = md_reduce_lanes<LANES>(own);
+      if (row >= rows) continue;
+      const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+      const RowFinish<OP, C> f(md, safe != 0);
+      // exp(x - m_lane) * exp(m_lane - m) / d; a lane of only -inf has m_lane = -inf and scale 0.
+      const C scale = f.empty ? C(0) : ps_exp(m_lane - md.m) * f.scale;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = (i64)s * LANES + lane;
+        if (k < rs.slots) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            C& o = v[b][s * VEC + j];
+            o = f.empty ? f(o) : (OP == kSoftmax ? o * scale : f(o));
+          }
+          rs.store(k, v[b] + s * VEC);
+        }
       }
     }
   }
@@ -299,6 +331,68 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
   }
 }
 
+// ---- tier 4, on chip: a row split across co-resident blocks -------------------
+// Each block caches its chunk in shared memory, publishes the chunk's (m, d) and
+// waits only for the other chunks of the same row, then normalises from the cache:
+// one read and one write of the row. The launch keeps every block resident
+// (rows advance in rounds of gridDim / chunks), so the wait always ends.
+// `arrivals` (one counter per row) is zero before the launch.
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
+                            i64 rows, i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks,
+                            int safe, Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  const i64 rows_per_round = PS_GRID_DIM_X / chunks;
+  const i64 chunk = PS_BLOCK_X % chunks;
+  if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
+  for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
+    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+    const i64 begin = chunk * chunk_slots;
+    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    C m = ps_neg_inf<C>();
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+      rs.load(k, v);
+      Vec<T, VEC> raw;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
+      cache[k - begin] = raw;
+    }
+    C d = C(0);
+    if (m != ps_neg_inf<C>()) {
+      for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) d += ps_exp(to_compute(cache[k - begin].v[j]) - m);
+      }
+    }
+    MD<C> own = {m, d};
+    const MD<C> part = md_reduce_block<WARP>(own);
+    if (PS_THREAD_X == 0) {
+      volatile C* slot = partials + 2 * (row * chunks + chunk);
+      slot[0] = part.m;
+      slot[1] = part.d;
+      PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
+      PS_ATOMIC_ADD(arrivals + row, 1u);
+      while (PS_ATOMIC_ADD(arrivals + row, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
+      PS_THREAD_FENCE();
+    }
+    PS_SYNC();
+    MD<C> md = md_identity<C>();
+    for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
+      const volatile C* slot = partials + 2 * (row * chunks + c);
+      MD<C> other = {slot[0], slot[1]};
+      md = md_combine(md, other);
+    }
+    const RowFinish<OP, C> f(md_reduce_block<WARP>(md), safe != 0);
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
+      rs.store(k, v);
+    }
+  }
+}
+
 // ---- reduction over a non-last axis -------------------------------------------
 // The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
 // inner positions (coalesced loads) and splits the reduced axis among
@@ -387,3 +481,13 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
+
+#define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_cached_##DT##_##OPN##_w##W##_v##V(                  \
+      const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 rows, ps::i64 cols,\
+      ps::i64 xs, ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                       \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::split_cached<T, OP, W, V>(x, y, partials, arrivals, rows, cols, xs, ys, chunk_slots, chunks, safe, \
+                                  reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                        \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)

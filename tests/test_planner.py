@@ -41,10 +41,15 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             (launch,) = p.launches
             v = next(w for w in V.warp_variants(dtype, op, device.warp_size, p.notes["vec"]) if w.name == launch.kernel)
             assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
-        if p.tier == "split":
+        if p.tier in ("split", "cached"):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
-            assert p.scratch_bytes >= 2 * rows * p.notes["chunks"] * 4
-    assert tiers == {"warp", "block", "split"}
+            assert dict(p.scratch)["partials"] >= 2 * rows * p.notes["chunks"] * 4
+        if p.tier == "cached":  # blocks of a row wait on each other: all of them must be resident
+            (launch,) = p.launches
+            assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
+            assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
+            assert dict(p.scratch)["arrivals"] == 4 * rows
+    assert tiers == {"warp", "block", "cached", "split"}
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
