@@ -54,6 +54,7 @@ class _Timer:
         self.torch, self.reps = torch, reps
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         self.flush = torch.empty(max(2 * l2, 1 << 26), dtype=torch.uint8, device="cuda")
+        self.sleep_cycles = 1_000_000  # about 0.5 ms at 2 GHz, longer than any host call here
 
     def median_ms(self, fn) -> float:
         torch = self.torch
@@ -61,6 +62,9 @@ class _Timer:
         times = []
         for _ in range(self.reps):
             self.flush.zero_()
+            # Keep the GPU busy while the host issues the call, so that the events time the
+            # device work alone (host cost per call is measured separately, by --latency).
+            torch.cuda._sleep(self.sleep_cycles)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -107,6 +111,29 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
             del x, y
             torch.cuda.empty_cache()
     return results
+
+
+def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]:
+    """Wall time per call of many back-to-back calls with one sync at the end (small inputs)."""
+    import torch
+
+    import portable_softmax as ps
+
+    out = []
+    for shape in shapes:
+        x = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
+        row = {"shape": shape, "dtype": dtype, "bytes": x.numel() * x.element_size()}
+        for name, fn in (("ours", lambda x=x: ps.softmax(x)), ("torch", lambda x=x: torch.softmax(x, dim=-1))):
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            row[f"{name}_us"] = (time.perf_counter() - t) / calls * 1e6
+        out.append(row)
+    return out
 
 
 def render_table(results: list[Result], title: str):
@@ -164,6 +191,17 @@ def main(args) -> int:
     from rich.progress import Progress
 
     dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
+    if args.latency:
+        shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else [
+            (1, 128), (8, 1000), (64, 1024), (256, 1024), (32, 4096)]
+        rows = latency(shapes, dtypes[0], 2000)
+        for r in rows:
+            print(f"{r['dtype']} {'x'.join(map(str, r['shape']))} ({r['bytes']} B): "
+                  f"ours {r['ours_us']:.1f} us/call, torch.softmax {r['torch_us']:.1f} us/call")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     target = int(args.mib * (1 << 20))
     if args.shapes:
         shapes = [parse_shape(s) for s in args.shapes.split(",")]
