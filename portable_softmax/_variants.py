@@ -38,9 +38,10 @@ def vector_widths(dtype: str) -> tuple[int, int]:
     return (1, 16 // DTYPES[dtype][2])
 
 
-def warp_batch(slots: int) -> int:
+def warp_batch(dtype: str, slots: int, vec: int) -> int:
     """Rows a lane group takes per step in the register tier (WarpBatch in softmax.cuh)."""
-    return 1 if slots >= 4 else 4 // slots
+    nbytes = slots * vec * DTYPES[dtype][2]
+    return 1 if nbytes >= 32 else 32 // nbytes
 
 
 def max_slots(dtype: str, vec: int) -> int:

@@ -135,12 +135,17 @@ def _grid(work_blocks: int, device: DeviceProfile, blocks_per_sm: int = 32) -> i
 
 
 def choose_vec(p: RowProblem) -> int:
-    """Widest vector whose slots line up in both input and output rows."""
+    """Widest vector whose slots line up in both input and output rows.
+
+    Short rows that start at varying offsets stay scalar: their partial head and
+    tail slots would cost more guarded loads than the vectors save.
+    """
     widest = V.vector_widths(p.dtype)[1]
     xs, ys = p.strides()
     same_base = (p.x_misalign - p.y_misalign) % widest == 0
     same_step = p.rows <= 1 or (xs - ys) % widest == 0
-    return widest if same_base and same_step else 1
+    short_unaligned = p.rows > 1 and xs % widest != 0 and p.cols < 4 * widest
+    return widest if same_base and same_step and not short_unaligned else 1
 
 
 def slots_needed(p: RowProblem, vec: int) -> int:
@@ -187,7 +192,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     variant = _warp_variant(p, warp, vec, slots)
     if variant is not None:
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
-        rows_per_block = threads // variant.lanes * V.warp_batch(variant.slots)
+        rows_per_block = threads // variant.lanes * V.warp_batch(p.dtype, variant.slots, vec)
         launch = Launch(variant.name, _grid(ceil(p.rows / rows_per_block), device), threads, 0,
                         row_args + ((I32, _safe(p)),))
         return Plan("warp", (launch,), notes=notes)
@@ -208,10 +213,12 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
                         cache_bytes, row_args + ((I32, _safe(p)),))
         return Plan("block", (launch,), notes=notes)
 
-    threads = min(device.max_threads_per_block, 512)
-    # On chip: chunks of at most block_budget bytes on co-resident blocks, at most one per
-    # multiprocessor for a row (one resident block per multiprocessor is always possible).
-    chunk_cap = max(threads, (block_budget // (vec * itemsize)))
+    threads = min(device.max_threads_per_block, max(256, 4 * warp))
+    # On chip: chunks of a quarter multiprocessor's shared memory on co-resident blocks (several
+    # per multiprocessor, so one's loads overlap another's wait), at most one chunk of a row per
+    # multiprocessor (one resident block per multiprocessor is always possible).
+    chunk_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 4) - static_bytes
+    chunk_cap = max(threads, chunk_budget // (vec * itemsize))
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
         chunk_slots = ceil(slots / chunks)

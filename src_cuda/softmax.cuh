@@ -169,14 +169,32 @@ template <int OP, typename C, int VEC> PS_DEVICE void finish_slot(const RowFinis
 // ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
 // LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
 // a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
-// BATCH rows per step so that short rows still keep several loads in flight.
-template <int SLOTS> struct WarpBatch { static const int rows = SLOTS >= 4 ? 1 : 4 / SLOTS; };
+// BATCH rows per step so that short rows still keep 32 bytes per lane in flight.
+// With the whole row in registers the pair (m, d) is formed in two sweeps, m over
+// the group first and then d = sum exp(x - m): one exp per element and no exp in
+// the shuffles; every value becomes its exp on the way, so the output is a multiply.
+template <typename T, int SLOTS, int VEC> struct WarpBatch {
+  static const int bytes = SLOTS * VEC * (int)sizeof(T);
+  static const int rows = bytes >= 32 ? 1 : 32 / bytes;
+};
+
+template <int width, typename C> PS_DEVICE C max_over_lanes(C v) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) v = max_nan(v, warp_shfl_xor(v, offset, width));
+  return v;
+}
+
+template <int width, typename C> PS_DEVICE C sum_over_lanes(C v) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) v += warp_shfl_xor(v, offset, width);
+  return v;
+}
 
 template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
 PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
   typedef typename compute_of<T>::type C;
   static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
-  const int BATCH = WarpBatch<SLOTS>::rows;
+  const int BATCH = WarpBatch<T, SLOTS, VEC>::rows;
   const int N = SLOTS * VEC;
   const int lane = PS_THREAD_X % LANES;
   const i64 group = PS_THREAD_X / LANES;
@@ -206,25 +224,23 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      // Lane-local (m, d). For softmax each value becomes exp(x - lane max) on the
-      // way, so the output costs one multiply instead of a second exp.
-      C m_lane = ps_neg_inf<C>();
+      C m = ps_neg_inf<C>();
 #pragma unroll
-      for (int j = 0; j < N; ++j) m_lane = max_nan(m_lane, v[b][j]);
-      C d_lane = C(0);
+      for (int j = 0; j < N; ++j) m = max_nan(m, v[b][j]);
+      m = max_over_lanes<LANES>(m);
+      C d = C(0);
+      if (m != ps_neg_inf<C>()) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const C e = m_lane == ps_neg_inf<C>() ? C(0) : ps_exp(v[b][j] - m_lane);
-        d_lane += e;
-        if (OP == kSoftmax) v[b][j] = e;
+        for (int j = 0; j < N; ++j) {
+          const C e = ps_exp(v[b][j] - m);
+          d += e;
+          if (OP == kSoftmax) v[b][j] = e;
+        }
       }
-      MD<C> own = {m_lane, d_lane};
-      const MD<C> md = md_reduce_lanes<LANES>(own);
+      MD<C> md = {m, sum_over_lanes<LANES>(d)};
       if (row >= rows) continue;
       const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
       const RowFinish<OP, C> f(md, safe != 0);
-      // exp(x - m_lane) * exp(m_lane - m) / d; a lane of only -inf has m_lane = -inf and scale 0.
-      const C scale = f.empty ? C(0) : ps_exp(m_lane - md.m) * f.scale;
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
@@ -232,7 +248,7 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             C& o = v[b][s * VEC + j];
-            o = f.empty ? f(o) : (OP == kSoftmax ? o * scale : f(o));
+            o = (OP == kSoftmax && !f.empty) ? o * f.scale : f(o);
           }
           rs.store(k, v[b] + s * VEC);
         }
@@ -251,6 +267,7 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
   for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     C m = ps_neg_inf<C>();
+#pragma unroll 4
     for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
       C v[VEC];
       rs.load(k, v);
@@ -350,6 +367,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
     C m = ps_neg_inf<C>();
+#pragma unroll 4
     for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
       C v[VEC];
       rs.load(k, v);
