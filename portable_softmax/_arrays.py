@@ -80,6 +80,9 @@ class TorchDevice(DeviceArray):
         return buf.data_ptr(), buf
 
     def stream(self):
+        raw = getattr(self.torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
+        if raw is not None:
+            return raw(self.device_index)
         return self.torch.cuda.current_stream(self.device_index).cuda_stream
 
     def contiguous(self):

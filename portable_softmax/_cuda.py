@@ -9,13 +9,14 @@ cuLaunchKernel on the caller's stream with the plan's packed arguments.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
 
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
-from .planner import DeviceProfile, Plan
+from .planner import PTR, DeviceProfile, Plan
 
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024
@@ -119,6 +120,32 @@ class CudaRuntime:
             packed = PackedArgs(step.args, buffers)
             grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
             self.driver.launchKernel(fn, grid, 1, 1, step.block, 1, 1, step.shared_mem, stream, packed.address, 0)
+
+    def prepare(self, plan: Plan, dtype: str, device: int):
+        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream)."""
+        steps = []
+        for step in plan.launches:
+            fn = self.function(device, dtype, step.kernel, step.shared_mem)
+            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            packed = PackedArgs(step.args, {"x": 0, "y": 0})
+            x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
+            y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
+            steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
+        launch_kernel, current_device, lock = self.driver.launchKernel, self.current_device, threading.Lock()
+
+        def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+            if current_device() != device:
+                with self.cupy.cuda.Device(device):
+                    return launcher(x_ptr, y_ptr, stream)
+            with lock:  # the packed values are shared by the threads calling this launcher
+                for fn, grid, block, smem, packed, x_at, y_at in steps:
+                    for i in x_at:
+                        packed.values[i].value = x_ptr
+                    for i in y_at:
+                        packed.values[i].value = y_ptr
+                    launch_kernel(fn, grid, 1, 1, block, 1, 1, smem, stream, packed.address, 0)
+
+        return launcher
 
     def resident_grid(self, fn: int, step, device: int) -> int:
         """The launch's grid cut to what the device keeps resident at once (blocks wait on each other)."""

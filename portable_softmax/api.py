@@ -69,6 +69,10 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
+    if out is None and _is_torch_cuda(x):
+        y = _run_prepared(x, axis, op, safe)
+        if y is not None:
+            return y
     src = classify(x)
     axis = normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)
@@ -148,6 +152,7 @@ def src_dtype(x: np.ndarray) -> str:
 # ---- device arrays -------------------------------------------------------------------------
 def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArray | None, out):
     rt = _probe.runtime(src.vendor)
+    original = src.array
     shape = tuple(src.shape)
     if len(shape) == 0 or 0 in shape:
         y = dst.array if dst is not None else src.empty(shape)
@@ -170,7 +175,10 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     else:
         y_ptr, y_obj = target.ptr, target.array
     problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, y_ptr)
-    _launch(rt, src, plan(problem, rt.profile(src.device_index)), y_ptr)
+    the_plan = plan(problem, rt.profile(src.device_index))
+    _launch(rt, src, the_plan, y_ptr)
+    if dst is None and not the_plan.scratch and src.array is original and _is_torch_cuda(original):
+        _remember(original, axis, op, safe, rt.prepare(the_plan, src.dtype, src.device_index))
     if dst is not None:
         if target is None:
             type(src)(y_obj).copy_into(dst.array)
@@ -196,3 +204,51 @@ def _element_strides(y) -> tuple[int, ...]:
 
 def _pointer(y) -> int:
     return y.data_ptr() if hasattr(y, "data_ptr") else y.data.ptr
+
+
+# ---- the repeat-call path for torch CUDA tensors -------------------------------------------
+# A model calls softmax on tensors of the same shape again and again. After the first call,
+# the launches of a (dtype, shape, strides, alignment, axis, op, safe, device) are kept
+# ready, so a repeat call reads a few attributes, allocates the output and launches.
+_TORCH_TENSOR: type | None = None
+_prepared: dict = {}
+_PREPARED_LIMIT = 4096
+
+
+def _is_torch_cuda(x) -> bool:
+    global _TORCH_TENSOR
+    if _TORCH_TENSOR is None:
+        if type(x).__module__.split(".")[0] != "torch":
+            return False
+        import torch
+
+        _TORCH_TENSOR = torch.Tensor
+    return isinstance(x, _TORCH_TENSOR) and x.is_cuda
+
+
+def _prepared_key(x, axis, op, safe):
+    return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.device)
+
+
+def _remember(x, axis, op, safe, launcher) -> None:
+    if len(_prepared) >= _PREPARED_LIMIT:
+        _prepared.clear()
+    _prepared[_prepared_key(x, axis, op, safe)] = launcher
+
+
+def _run_prepared(x, axis, op, safe):
+    launcher = _prepared.get(_prepared_key(x, axis, op, safe))
+    if launcher is None:
+        return None
+    import torch
+
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launcher(x.data_ptr(), y.data_ptr(), _torch_stream(x.device.index))
+    return y
+
+
+def _torch_stream(index: int) -> int:
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream

@@ -94,6 +94,12 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 #define PS_NAN_D __longlong_as_double(0x7ff8000000000000LL)
 #endif
 
+#if defined(PORTABLE_SOFTMAX_EMULATION)
+#define PS_FAST_EXPF(v) expf(v)
+#else
+#define PS_FAST_EXPF(v) __expf(v)
+#endif
+
 #if !defined(PS_INF_F)  // clang (HIP, hipRTC) and the host compiler know the builtins
 #define PS_INF_F __builtin_huge_valf()
 #define PS_NAN_F __builtin_nanf("")
@@ -143,6 +149,14 @@ PS_DEVICE float ps_exp(float v) { return expf(v); }
 PS_DEVICE double ps_exp(double v) { return exp(v); }
 PS_DEVICE float ps_log(float v) { return logf(v); }
 PS_DEVICE double ps_log(double v) { return log(v); }
+// 16-bit outputs cannot show float32's last bits: they take the hardware exp
+// (relative error about 1e-6 where the output is representable, far under an ulp).
+template <typename T> PS_DEVICE typename compute_of<T>::type exp_for(typename compute_of<T>::type v) {
+  return ps_exp(v);
+}
+template <> PS_DEVICE float exp_for<half_t>(float v) { return PS_FAST_EXPF(v); }
+template <> PS_DEVICE float exp_for<bfloat16_t>(float v) { return PS_FAST_EXPF(v); }
+
 template <typename C> PS_DEVICE C ps_neg_inf() { return -PS_INF_F; }
 template <> PS_DEVICE double ps_neg_inf<double>() { return -PS_INF_D; }
 template <typename C> PS_DEVICE C ps_nan() { return PS_NAN_F; }

@@ -102,7 +102,8 @@ template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
 }
 
 // ---- turning (m, d) into outputs ------------------------------------------
-template <int OP, typename C> struct RowFinish {
+template <int OP, typename T> struct RowFinish {
+  typedef typename compute_of<T>::type C;
   C m, scale, log_d;
   bool empty, safe;
   PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(C(1) / md.d), log_d(ps_log(md.d)),
@@ -110,7 +111,7 @@ template <int OP, typename C> struct RowFinish {
   PS_DEVICE C operator()(C x) const {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
     if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
-    return OP == kSoftmax ? ps_exp(x - m) * scale : (x - m) - log_d;
+    return OP == kSoftmax ? exp_for<T>(x - m) * scale : (x - m) - log_d;
   }
 };
 
@@ -161,7 +162,8 @@ template <typename T, int VEC> struct RowSlots {
   }
 };
 
-template <int OP, typename C, int VEC> PS_DEVICE void finish_slot(const RowFinish<OP, C>& f, C* v) {
+template <int OP, typename T, int VEC>
+PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, typename compute_of<T>::type* v) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = f(v[j]);
 }
@@ -232,7 +234,7 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
       if (m != ps_neg_inf<C>()) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          const C e = ps_exp(v[b][j] - m);
+          const C e = exp_for<T>(v[b][j] - m);
           d += e;
           if (OP == kSoftmax) v[b][j] = e;
         }
@@ -240,7 +242,7 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
       MD<C> md = {m, sum_over_lanes<LANES>(d)};
       if (row >= rows) continue;
       const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-      const RowFinish<OP, C> f(md, safe != 0);
+      const RowFinish<OP, T> f(md, safe != 0);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
@@ -280,11 +282,11 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
     if (m != ps_neg_inf<C>()) {
       for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) d += ps_exp(to_compute(cache[k].v[j]) - m);
+        for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k].v[j]) - m);
       }
     }
     MD<C> own = {m, d};
-    const RowFinish<OP, C> f(md_reduce_block<WARP>(own), safe != 0);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(own), safe != 0);
     for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
       C v[VEC];
 #pragma unroll
@@ -335,14 +337,14 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
       MD<C> part = {partials[2 * (row * chunks + c)], partials[2 * (row * chunks + c) + 1]};
       md = md_combine(md, part);
     }
-    const RowFinish<OP, C> f(md_reduce_block<WARP>(md), safe != 0);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(md), safe != 0);
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
     for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
       C v[VEC];
       rs.load(k, v);
-      finish_slot<OP, C, VEC>(f, v);
+      finish_slot<OP, T, VEC>(f, v);
       rs.store(k, v);
     }
   }
@@ -380,7 +382,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     if (m != ps_neg_inf<C>()) {
       for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) d += ps_exp(to_compute(cache[k - begin].v[j]) - m);
+        for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
       }
     }
     MD<C> own = {m, d};
@@ -401,7 +403,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
       MD<C> other = {slot[0], slot[1]};
       md = md_combine(md, other);
     }
-    const RowFinish<OP, C> f(md_reduce_block<WARP>(md), safe != 0);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(md), safe != 0);
     for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
       C v[VEC];
 #pragma unroll
@@ -432,7 +434,16 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     const T* xl = x + o * xs_outer + i * xs_inner;
     OnlineSum<C> acc;
     if (active) {
-      for (i64 c = ty; c < cols; c += groups) acc.push(to_compute(xl[c * xs_col]));
+      const int kDepth = 4;  // loads in flight per thread before the dependent sums
+      i64 c = ty;
+      for (; c + (kDepth - 1) * groups < cols; c += kDepth * groups) {
+        C v[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) v[u] = to_compute(xl[(c + u * groups) * xs_col]);
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) acc.push(v[u]);
+      }
+      for (; c < cols; c += groups) acc.push(to_compute(xl[c * xs_col]));
     }
     part_m[PS_THREAD_X] = acc.m;
     part_d[PS_THREAD_X] = acc.d;
@@ -450,7 +461,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     MD<C> total = {part_m[tx], part_d[tx]};
     PS_SYNC();  // the next tile reuses the scratch
     if (active) {
-      const RowFinish<OP, C> f(total, safe != 0);
+      const RowFinish<OP, T> f(total, safe != 0);
       T* yl = y + o * ys_outer + i * ys_inner;
       for (i64 c = ty; c < cols; c += groups) yl[c * ys_col] = from_compute<T>(f(to_compute(xl[c * xs_col])));
     }
@@ -493,7 +504,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
 
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_strided_##DT##_##OPN(                                      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile, int safe) {                \
     ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \

@@ -206,3 +206,19 @@ def test_more_than_2_pow_31_elements(rng):
     assert torch.allclose(others, expected, rtol=1e-5, atol=0), others
     del row, out
     torch.cuda.empty_cache()
+
+
+@needs_cuda
+def test_repeat_calls_reuse_the_plan_and_stay_correct(rng):
+    torch = _torch_cuda()
+    from portable_softmax import api
+
+    base = torch.from_numpy(random_input(rng, (64, 1001), "float32")).cuda()
+    for view in (base[:, :1000], base[:, 1:], base[:, :1000].contiguous()):
+        for _ in range(3):  # the first call plans, the next ones take the prepared launcher
+            fresh = view * float(rng.uniform(0.5, 2.0))  # new data, same layout as view when contiguous
+            for t in (view, fresh):
+                assert_matches(_to_numpy(ps.softmax(t)), _to_numpy(t.contiguous()), what="repeat")
+                assert_matches(_to_numpy(ps.log_softmax(t, axis=0)), _to_numpy(t.contiguous()), axis=0,
+                               op="log_softmax", what="repeat")
+    assert api._prepared, "repeat calls of torch CUDA tensors are prepared"
