@@ -237,6 +237,10 @@ def _remember(x, axis, op, safe, launcher) -> None:
 
 
 def _run_prepared(x, axis, op, safe):
+    try:
+        axis = normalize_axis(axis, x.dim())  # planned calls are keyed by the normalised axis
+    except (IndexError, TypeError):
+        return None  # the full path raises the error
     launcher = _prepared.get(_prepared_key(x, axis, op, safe))
     if launcher is None:
         return None

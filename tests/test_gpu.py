@@ -222,3 +222,14 @@ def test_repeat_calls_reuse_the_plan_and_stay_correct(rng):
                 assert_matches(_to_numpy(ps.log_softmax(t, axis=0)), _to_numpy(t.contiguous()), axis=0,
                                op="log_softmax", what="repeat")
     assert api._prepared, "repeat calls of torch CUDA tensors are prepared"
+
+
+@needs_cuda
+def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
+    torch = _torch_cuda()
+    from portable_softmax import api
+
+    x = torch.from_numpy(random_input(rng, (8, 1000), "float32")).cuda()
+    ps.softmax(x)  # plans and prepares
+    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x))
