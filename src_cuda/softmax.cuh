@@ -259,40 +259,72 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
   }
 }
 
+// ---- streaming a thread's slots of a row --------------------------------------
+// Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time: all DEPTH loads
+// are issued before the first use, so a thread keeps several requests in flight
+// (a store to shared memory in between would otherwise order each load after it).
+template <int DEPTH, typename T, int VEC, typename F>
+PS_DEVICE void for_each_slot(const RowSlots<T, VEC>& rs, i64 begin, i64 end, F&& use) {
+  typedef typename compute_of<T>::type C;
+  const i64 step = PS_BLOCK_DIM_X;
+  for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += DEPTH * step) {
+    C v[DEPTH][VEC];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (k0 + u * step < end) rs.load(k0 + u * step, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (k0 + u * step < end) use(k0 + u * step, v[u]);
+    }
+  }
+}
+
+// Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin) and
+// returns this thread's (m, d) over them. Each thread later reads back only the
+// slots it wrote, so the cache needs no barrier of its own.
+template <typename T, int VEC>
+PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
+                                                       Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  C m = ps_neg_inf<C>();
+  for_each_slot<4>(rs, begin, end, [&](i64 k, const C* v) {
+    Vec<T, VEC> raw;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
+    cache[k - begin] = raw;
+  });
+  C d = C(0);
+  if (m != ps_neg_inf<C>()) {
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
+    }
+  }
+  MD<C> md = {m, d};
+  return md;
+}
+
+template <int OP, typename T, int VEC>
+PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const Vec<T, VEC>* cache,
+                                const RowFinish<OP, T>& f) {
+  typedef typename compute_of<T>::type C;
+  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+    C v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
+    rs.store(k, v);
+  }
+}
+
 // ---- tier 3: a block per row, row cached in shared memory ----------------
-// Each thread caches the slots it reads and later reads back only those, so
-// the cache needs no barrier of its own; the (m, d) reduction has them.
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
                           Vec<T, VEC>* cache) {
-  typedef typename compute_of<T>::type C;
   for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    C m = ps_neg_inf<C>();
-#pragma unroll 4
-    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      rs.load(k, v);
-      Vec<T, VEC> raw;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
-      cache[k] = raw;
-    }
-    C d = C(0);
-    if (m != ps_neg_inf<C>()) {
-      for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k].v[j]) - m);
-      }
-    }
-    MD<C> own = {m, d};
-    const RowFinish<OP, T> f(md_reduce_block<WARP>(own), safe != 0);
-    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k].v[j]));
-      rs.store(k, v);
-    }
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(cache_chunk(rs, 0, rs.slots, cache)), safe != 0);
+    store_from_cache(rs, 0, rs.slots, cache, f);
   }
 }
 
@@ -303,12 +335,10 @@ template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
-  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-    C v[VEC];
-    rs.load(k, v);
+  for_each_slot<4>(rs, begin, end, [&](i64, const C* v) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc.push(v[j]);
-  }
+  });
   return acc.md();
 }
 
@@ -341,12 +371,11 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      rs.load(k, v);
+    // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
+    for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, C* v) {
       finish_slot<OP, T, VEC>(f, v);
       rs.store(k, v);
-    }
+    });
   }
 }
 
@@ -368,25 +397,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    C m = ps_neg_inf<C>();
-#pragma unroll 4
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      rs.load(k, v);
-      Vec<T, VEC> raw;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
-      cache[k - begin] = raw;
-    }
-    C d = C(0);
-    if (m != ps_neg_inf<C>()) {
-      for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
-      }
-    }
-    MD<C> own = {m, d};
-    const MD<C> part = md_reduce_block<WARP>(own);
+    const MD<C> part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
     if (PS_THREAD_X == 0) {
       volatile C* slot = partials + 2 * (row * chunks + chunk);
       slot[0] = part.m;
@@ -403,13 +414,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
       MD<C> other = {slot[0], slot[1]};
       md = md_combine(md, other);
     }
-    const RowFinish<OP, T> f(md_reduce_block<WARP>(md), safe != 0);
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
-      rs.store(k, v);
-    }
+    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md_reduce_block<WARP>(md), safe != 0));
   }
 }
 
