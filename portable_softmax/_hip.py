@@ -19,6 +19,7 @@ import hashlib
 import os
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
-from .planner import DeviceProfile, Plan
+from .planner import PTR, DeviceProfile, Launch, Plan
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
 HIP_SUCCESS = 0
@@ -201,6 +202,10 @@ def profile_from_properties(props) -> DeviceProfile:
     threads = int(props.maxThreadsPerBlock)
     shared = int(props.sharedMemPerBlock)
     max_grid = min(int(list(props.maxGridSize)[0]), HIP_MAX_WORK_ITEMS_X // max(1, threads))
+    # Older HIP reports 0 for some per-CU limits; a compute unit holds at least one full
+    # workgroup's threads twice over and its LDS (64 KiB on CDNA / RDNA) is sharedMemPerBlock.
+    threads_per_cu = int(getattr(props, "maxThreadsPerMultiProcessor", 0) or 2 * threads)
+    shared_per_cu = int(getattr(props, "maxSharedMemoryPerMultiProcessor", 0) or shared)
     return DeviceProfile(
         name=_text(props.name),
         vendor="amd",
@@ -211,6 +216,8 @@ def profile_from_properties(props) -> DeviceProfile:
         shared_mem_per_block=shared,
         shared_mem_per_block_optin=shared,
         max_grid_x=max_grid,
+        max_threads_per_multiprocessor=threads_per_cu,
+        shared_mem_per_multiprocessor=shared_per_cu,
     )
 
 
@@ -367,6 +374,7 @@ class HipRuntime:
         self._images: dict[tuple[int, str], bytes] = {}  # kept alive as long as their module
         self._functions: dict[tuple[int, str], Any] = {}
         self._streams: dict[int, Any] = {}
+        self._occupancy: dict[tuple[int, str, int, int], int] = {}
         self._hiprtc: HipRtc | None = None
         self.jit_cache = HipRtcCache()
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:hiprtc ..."
@@ -468,14 +476,60 @@ class HipRuntime:
         return self.sources[(device, dtype)]
 
     # ---- launch -------------------------------------------------------------------------------
+    def _prepared_steps(self, plan: Plan, dtype: str, device: int) -> list[tuple[Any, int, Launch]]:
+        """(function, grid, step) per launch. No shared-memory opt-in on AMD: the profile already
+        caps plans at sharedMemPerBlock."""
+        steps = []
+        for step in plan.launches:
+            fn = self.function(device, dtype, step.kernel)
+            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            steps.append((fn, grid, step))
+        return steps
+
     def launch(self, plan: Plan, dtype: str, buffers: dict[str, int], stream: int, device: int) -> None:
         with _on_device(self, device):
-            for step in plan.launches:
-                # No shared-memory opt-in on AMD: the profile caps plans at sharedMemPerBlock.
-                fn = self.function(device, dtype, step.kernel)
+            for fn, grid, step in self._prepared_steps(plan, dtype, device):
                 packed = PackedArgs(step.args, buffers)
-                self._call("hipModuleLaunchKernel", fn, step.grid, 1, 1, step.block, 1, 1, step.shared_mem,
+                self._call("hipModuleLaunchKernel", fn, grid, 1, 1, step.block, 1, 1, step.shared_mem,
                            stream, packed.address, None)
+
+    def prepare(self, plan: Plan, dtype: str, device: int):
+        """A launcher for repeat calls of one plan (no scratch): launcher(x_ptr, y_ptr, stream)."""
+        with _on_device(self, device):
+            prepared = []
+            for fn, grid, step in self._prepared_steps(plan, dtype, device):
+                packed = PackedArgs(step.args, {"x": 0, "y": 0})
+                x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
+                y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
+                prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
+        launch_kernel, lock = self.hip.hipModuleLaunchKernel, threading.Lock()
+
+        def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+            with _on_device(self, device), lock:  # the packed values are shared by the calling threads
+                for fn, grid, block, smem, packed, x_at, y_at in prepared:
+                    for i in x_at:
+                        packed.values[i].value = x_ptr
+                    for i in y_at:
+                        packed.values[i].value = y_ptr
+                    hip_check("hipModuleLaunchKernel",
+                              launch_kernel(fn, grid, 1, 1, block, 1, 1, smem, stream, packed.address, None),
+                              self._describe)
+
+        return launcher
+
+    def resident_grid(self, fn, step: Launch, device: int) -> int:
+        """The grid cut to what the device keeps resident at once (its blocks wait on each other)."""
+        key = (device, step.kernel, step.block, step.shared_mem)
+        per_cu = self._occupancy.get(key)
+        if per_cu is None:
+            per_cu = int(self._call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn, step.block,
+                                    step.shared_mem))
+            self._occupancy[key] = per_cu
+        resident = per_cu * self.profile(device).multiprocessors
+        if resident < step.min_grid:
+            raise RuntimeError(f"{step.kernel} needs {step.min_grid} resident blocks; the device holds {resident}")
+        grid = min(step.grid, resident)
+        return grid - grid % step.min_grid
 
     def _stream(self, device: int):
         s = self._streams.get(device)
@@ -497,12 +551,12 @@ class HipRuntime:
                 host = np.ctypeslib.as_array((ctypes.c_uint8 * max(1, nbytes)).from_address(int(pinned)))[:nbytes]
                 host[...] = x.reshape(-1).view(np.uint8)
                 buffers = {}
-                for name, size in (("x", nbytes), ("y", nbytes), ("partials", plan.scratch_bytes)):
-                    if name == "partials" and not size:
-                        continue
+                for name, size in (("x", nbytes), ("y", nbytes), *plan.scratch):
                     ptr = self._call("hipMalloc", max(1, size))
                     owned.append(("hipFree", ptr))
                     buffers[name] = int(ptr)
+                    if name not in ("x", "y"):  # scratch starts zeroed (counters, partial sums)
+                        self._call("hipMemsetAsync", buffers[name], 0, size, stream)
                 self._call("hipMemcpyAsync", buffers["x"], int(pinned), nbytes, HIP_MEMCPY_HOST_TO_DEVICE, stream)
                 self.launch(plan, dtype, buffers, int(stream), device)
                 self._call("hipMemcpyAsync", int(pinned), buffers["y"], nbytes, HIP_MEMCPY_DEVICE_TO_HOST, stream)

@@ -235,11 +235,13 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         return Plan("cached", (launch,), scratch=(("partials", 2 * p.rows * chunks * compute_bytes),
                                                   ("arrivals", 4 * p.rows)), notes=notes)
 
-    # Rows too long to keep on chip: stream them twice.
-    threads = device.max_threads_per_block
+    # Rows too long to keep on chip: stream them twice, in enough chunks for several full
+    # waves of resident blocks (a last wave half full would idle half the device).
+    threads = min(device.max_threads_per_block, 512)
+    resident = device.multiprocessors * max(1, device.max_threads_per_multiprocessor // threads)
     min_chunk = 4 * threads  # each thread streams at least four slots per chunk
     max_chunk = 64 * threads
-    chunks = max(ceil(slots / max_chunk), ceil(2 * device.multiprocessors / p.rows))
+    chunks = max(ceil(slots / max_chunk), ceil(4 * resident / p.rows))
     chunks = max(1, min(chunks, ceil(slots / min_chunk)))
     chunk_slots = ceil(slots / chunks)
     chunks = ceil(slots / chunk_slots)
@@ -262,7 +264,7 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
     # the rest of the block splits the reduced axis into column groups.
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
-    threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
+    threads = min(device.max_threads_per_block, 512, max(256, inner_tile * min(16, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
