@@ -264,7 +264,7 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
     # the rest of the block splits the reduced axis into column groups.
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
-    threads = min(device.max_threads_per_block, 512, max(256, inner_tile * min(16, p.cols)))
+    threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),

@@ -283,15 +283,7 @@ PS_DEVICE void for_each_slot(const RowSlots<T, VEC>& rs, i64 begin, i64 end, F&&
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin) and
 // returns this thread's (m, d) over them. Each thread later reads back only the
 // slots it wrote, so the cache needs no barrier of its own.
-//
-// For softmax of float32 / float64 the cache ends up holding exp(x - thread max):
-// the output is then one multiply, not a second full-precision exp. 16-bit inputs
-// keep x (their exps are the cheap hardware ones, and a 16-bit exp would lose bits).
-template <int OP, typename T> struct CacheExps {
-  static const bool value = OP == kSoftmax && sizeof(T) >= 4;
-};
-
-template <int OP, typename T, int VEC>
+template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
                                                        Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
@@ -303,34 +295,24 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
     cache[k - begin] = raw;
   });
   C d = C(0);
-  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-    Vec<T, VEC>& slot = cache[k - begin];
+  if (m != ps_neg_inf<C>()) {
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const C e = m == ps_neg_inf<C>() ? C(0) : exp_for<T>(to_compute(slot.v[j]) - m);
-      d += e;
-      if (CacheExps<OP, T>::value) slot.v[j] = from_compute<T>(e);  // exact: T is the compute type
+      for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
     }
   }
   MD<C> md = {m, d};
   return md;
 }
 
-// Writes the outputs of slots [begin, end) from the cache; `thread_max` is the m that
-// cache_chunk returned to this thread.
 template <int OP, typename T, int VEC>
 PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const Vec<T, VEC>* cache,
-                                const RowFinish<OP, T>& f, typename compute_of<T>::type thread_max) {
+                                const RowFinish<OP, T>& f) {
   typedef typename compute_of<T>::type C;
-  // exp(x - thread max) * exp(thread max - m) / d; a thread that saw only -inf has exps of 0.
-  const C scale = f.empty ? C(0) : ps_exp(thread_max - f.m) * f.scale;
   for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
     C v[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const C c = to_compute(cache[k - begin].v[j]);
-      v[j] = CacheExps<OP, T>::value && !f.empty ? c * scale : f(c);
-    }
+    for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
     rs.store(k, v);
   }
 }
@@ -341,8 +323,8 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
                           Vec<T, VEC>* cache) {
   for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    const MD<typename compute_of<T>::type> own = cache_chunk<OP>(rs, 0, rs.slots, cache);
-    store_from_cache(rs, 0, rs.slots, cache, RowFinish<OP, T>(md_reduce_block<WARP>(own), safe != 0), own.m);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(cache_chunk(rs, 0, rs.slots, cache)), safe != 0);
+    store_from_cache(rs, 0, rs.slots, cache, f);
   }
 }
 
@@ -415,8 +397,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    const MD<C> own = cache_chunk<OP>(rs, begin, end, cache);
-    const MD<C> part = md_reduce_block<WARP>(own);
+    const MD<C> part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
     if (PS_THREAD_X == 0) {
       volatile C* slot = partials + 2 * (row * chunks + chunk);
       slot[0] = part.m;
@@ -433,7 +414,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
       MD<C> other = {slot[0], slot[1]};
       md = md_combine(md, other);
     }
-    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md_reduce_block<WARP>(md), safe != 0), own.m);
+    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md_reduce_block<WARP>(md), safe != 0));
   }
 }
 
@@ -457,7 +438,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     const bool active = i < inner;
     const T* xl = x + o * xs_outer + i * xs_inner;
     OnlineSum<C> acc;
-    const int kDepth = 8;  // loads in flight per thread before their dependent use
+    const int kDepth = 4;  // loads in flight per thread before their dependent use
     if (active) {
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
         C v[kDepth];
@@ -540,7 +521,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
 
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(512) ps_strided_##DT##_##OPN(                                      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile, int safe) {                \
     ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \

@@ -77,7 +77,7 @@ def test_few_long_rows_are_split_across_blocks():
 
 def test_strided_plan_and_errors():
     p = plan(StridedProblem("float32", "softmax", 8, 100, 64, (6400, 64, 1), (6400, 64, 1)), PROFILES["mi300x"])
-    assert p.tier == "strided" and p.notes["inner_tile"] == 64 and p.launches[0].block == 512
+    assert p.tier == "strided" and p.notes["inner_tile"] == 64 and p.launches[0].block == 1024
     with pytest.raises(PlanError, match="warp size 16"):
         plan(RowProblem("float32", "softmax", 1, 1), DeviceProfile("odd", "x", "y", 16, 1))
     with pytest.raises(PlanError, match="supported: float32"):
