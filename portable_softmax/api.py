@@ -134,6 +134,7 @@ def _as_strided(layout: Rows | Strided) -> Strided:
 def run_host_array(rt, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndarray:
     """Compute a host array on a runtime that stages it (GPU runtimes, the emulation)."""
     x = np.ascontiguousarray(x)
+    axis = normalize_axis(axis, x.ndim)
     shape, strides = host_view(x)
     layout = describe(shape, strides, axis)
     dtype = src_dtype(x)

@@ -23,14 +23,12 @@ def _gpu_status(vendor: str) -> str | None:
 
 
 def _emulation_status() -> tuple[dict, str | None]:
-    try:
-        from emulation import emulated_runtimes
-    except ImportError as e:
-        return {}, f"emulation layer missing: {e}"
+    from emulation import CompilerUnavailable, emulated_runtimes
+
     try:
         return emulated_runtimes(), None
-    except RuntimeError as e:
-        return {}, f"emulation could not be built: {e}"
+    except CompilerUnavailable as e:  # only a missing compiler skips; a kernel that fails to build fails
+        return {}, f"no host C++ compiler for the emulation: {e}"
 
 
 _EMULATED, _EMULATION_SKIP = _emulation_status()

@@ -2,11 +2,16 @@
 // GPU thread, with warps of the size the host asks for.
 //
 // A block runs on one host thread. Its fibers run until they block at a warp
-// shuffle, a block barrier or the kernel's end; then every warp whose lanes all
-// wait at the same shuffle exchanges values in lock step, or, when no warp can,
-// the barrier opens if every thread waits at it. Any other state means the
-// lanes diverged, and the launch fails with a description of who waits where
-// instead of hanging. Blocks of one launch are spread over a few host threads.
+// shuffle, a block barrier, a spin-wait or the kernel's end; then every warp
+// whose lanes all wait at the same shuffle exchanges values in lock step, or,
+// when no warp can, the barrier opens if every thread waits at it. Any other
+// state means the lanes diverged, and the launch fails with a description of
+// who waits where instead of hanging.
+//
+// Blocks of one launch are spread over a few host threads. A block that
+// spin-waits on other blocks (PS_SPIN_PAUSE) keeps its host thread; when every
+// host thread holds such a block, another thread joins, so blocks not yet
+// started become resident and the wait can end, as on a GPU that fits the grid.
 #include "emulation_runtime.h"
 
 #include <setjmp.h>
@@ -16,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -29,10 +35,14 @@ __thread const ps_emu_thread_ids* ps_emu_current_ids = nullptr;
 namespace ps_emu {
 namespace {
 
-constexpr std::size_t kFiberStackBytes = 32 * 1024;  // the kernels keep a few hundred bytes per thread
+constexpr std::size_t kFiberStackBytes = 16 * 1024;  // the kernels use under 2 KiB at -O2
 constexpr unsigned kMaxBlockThreads = 1024;
 constexpr std::size_t kSharedGuardBytes = 64;
 constexpr unsigned char kPoisonByte = 0xff;  // all-ones is NaN in every float format the kernels use
+constexpr unsigned kMaxHostThreads = 256;    // blocks that may wait on each other at once
+constexpr auto kSpinBackoff = std::chrono::microseconds(50);
+// A spin-wait this long, with every block of the launch started, is taken for a deadlock.
+std::atomic<long> spin_timeout_ms{20000};
 
 struct KernelEntry {
   KernelThunk thunk;
@@ -57,7 +67,7 @@ struct LaunchSpec {
   std::size_t shared_bytes;
 };
 
-enum class Wait { kRunnable, kShuffle, kBarrier, kDone, kFailed };
+enum class Wait { kRunnable, kShuffle, kBarrier, kSpinning, kDone, kFailed };
 
 struct Fiber {
   jmp_buf context;
@@ -73,8 +83,9 @@ struct Fiber {
   int lane_mask = 0, width = 0;
 };
 
-std::string lane_range(unsigned first, unsigned last) {
-  return first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last);
+std::string thread_range(unsigned first, unsigned last) {
+  return first == last ? "thread " + std::to_string(first)
+                       : "threads " + std::to_string(first) + "-" + std::to_string(last);
 }
 
 std::string describe_wait(const Fiber& f) {
@@ -84,6 +95,8 @@ std::string describe_wait(const Fiber& f) {
              std::to_string(f.width) + ", " + std::to_string(f.size) + " bytes)";
     case Wait::kBarrier:
       return "at barrier #" + std::to_string(f.barriers);
+    case Wait::kSpinning:
+      return "spin-waiting";
     case Wait::kDone:
       return "finished after " + std::to_string(f.shuffles) + " shuffles, " + std::to_string(f.barriers) +
              " barriers";
@@ -91,6 +104,9 @@ std::string describe_wait(const Fiber& f) {
       return "running";
   }
 }
+
+class BlockPool;
+BlockPool& block_pool();
 
 // Host-thread state: the fibers (kept across blocks and launches) and the block's shared memory.
 class Worker {
@@ -100,31 +116,7 @@ class Worker {
   }
 
   // Runs one block; returns false with error() set when the block failed.
-  bool run_block(const LaunchSpec& spec, unsigned block) {
-    spec_ = &spec;
-    if (!prepare(spec)) return false;
-    std::fill(shared_.begin(), shared_.end(), kPoisonByte);  // shared memory starts undefined
-    float4* shared = reinterpret_cast<float4*>(shared_.data());
-    for (unsigned t = 0; t < spec.block; ++t) {
-      Fiber& f = *fibers_[t];
-      f.ids = {t, block, spec.block, spec.grid, shared};
-      f.wait = Wait::kRunnable;
-      f.shuffles = f.barriers = 0;
-    }
-    block_ = block;
-    const bool ok = schedule();
-    ps_emu_current_ids = nullptr;
-    if (!ok) {
-      for (auto& f : fibers_) f->booted = false;  // abandoned mid-kernel: boot afresh next time
-      return false;
-    }
-    const auto guard = shared_.begin() + static_cast<std::ptrdiff_t>(spec.shared_bytes);
-    if (std::any_of(guard, shared_.end(), [](unsigned char b) { return b != kPoisonByte; })) {
-      return fail("block " + std::to_string(block) + " wrote past its " + std::to_string(spec.shared_bytes) +
-                  " bytes of dynamic shared memory");
-    }
-    return true;
-  }
+  bool run_block(const LaunchSpec& spec, unsigned block);
 
   const std::string& error() const { return error_; }
 
@@ -154,7 +146,10 @@ class Worker {
     }
   }
 
-  static Worker* current();
+  static Worker* current() {
+    static thread_local Worker worker;
+    return &worker;
+  }
 
  private:
   static std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
@@ -177,7 +172,7 @@ class Worker {
     for (unsigned t = 0; t < spec.block; ++t) {
       if (!fibers_[t]->booted && !boot(*fibers_[t])) return false;
     }
-    shared_.resize(spec.shared_bytes + kSharedGuardBytes);
+    shared_.resize((spec.shared_bytes + kSharedGuardBytes + sizeof(float4) - 1) / sizeof(float4));
     return true;
   }
 
@@ -201,121 +196,32 @@ class Worker {
     if (_setjmp(scheduler_) == 0) _longjmp(f.context, 1);
   }
 
-  bool schedule() {
-    const unsigned n = spec_->block, warp = spec_->warp;
-    for (;;) {
-      for (unsigned t = 0; t < n; ++t) {
-        if (fibers_[t]->wait != Wait::kRunnable) continue;
-        resume(*fibers_[t]);
-        if (fibers_[t]->wait == Wait::kFailed) return false;
-      }
-      bool exchanged = false;
-      for (unsigned first = 0; first < n; first += warp) {
-        const unsigned last = std::min(n, first + warp) - 1;
-        int result = exchange(first, last);
-        if (result < 0) return false;
-        exchanged |= result > 0;
-      }
-      if (exchanged) continue;
-      unsigned done = 0, at_barrier = 0;
-      for (unsigned t = 0; t < n; ++t) {
-        done += fibers_[t]->wait == Wait::kDone;
-        at_barrier += fibers_[t]->wait == Wait::kBarrier;
-      }
-      if (done == n) return true;
-      if (at_barrier == n && all_same_barrier()) {
-        for (unsigned t = 0; t < n; ++t) fibers_[t]->wait = Wait::kRunnable;
-        continue;
-      }
-      return fail(stuck_report());
-    }
-  }
-
-  // Exchanges the values of warp lanes [first, last] if all wait at one shuffle:
-  // 1 exchanged, 0 not all there yet, -1 failed (they disagree about the call).
-  int exchange(unsigned first, unsigned last) {
-    for (unsigned t = first; t <= last; ++t) {
-      if (fibers_[t]->wait != Wait::kShuffle) return 0;
-    }
-    const Fiber& lead = *fibers_[first];
-    for (unsigned t = first + 1; t <= last; ++t) {
-      const Fiber& f = *fibers_[t];
-      if (f.shuffles != lead.shuffles || f.width != lead.width || f.lane_mask != lead.lane_mask ||
-          f.size != lead.size) {
-        fail(where() + ": lanes of warp " + std::to_string(first / spec_->warp) +
-             " diverge at a shuffle: lane " + std::to_string(first) + " " + describe_wait(lead) + ", lane " +
-             std::to_string(t) + " " + describe_wait(f));
-        return -1;
-      }
-    }
-    const unsigned width = static_cast<unsigned>(lead.width);
-    for (unsigned t = first; t <= last; ++t) {
-      const unsigned lane = t - first;
-      const unsigned segment_end = (lane & ~(width - 1)) + width;
-      // CUDA's and HIP's rule: a source beyond the lane's own segment gives the lane's own value.
-      unsigned source = lane ^ static_cast<unsigned>(lead.lane_mask);
-      if (source >= segment_end) source = lane;
-      if (first + source > last) {
-        fail(where() + ": lane " + std::to_string(t) + " reads lane " + std::to_string(first + source) +
-             ", beyond the block's last thread");
-        return -1;
-      }
-      std::memcpy(fibers_[t]->result, fibers_[first + source]->value, lead.size);
-    }
-    for (unsigned t = first; t <= last; ++t) fibers_[t]->wait = Wait::kRunnable;
-    return 1;
-  }
-
-  bool all_same_barrier() const {
-    for (unsigned t = 1; t < spec_->block; ++t) {
-      if (fibers_[t]->barriers != fibers_[0]->barriers) return false;
-    }
-    return true;
-  }
-
-  std::string where() const {
-    return "kernel " + spec_->kernel + " (warp " + std::to_string(spec_->warp) + ", block " +
-           std::to_string(block_) + " of " + std::to_string(spec_->grid) + ", " + std::to_string(spec_->block) +
-           " threads)";
-  }
-
-  // Nothing can move: say who waits where, as runs of threads in the same state.
-  std::string stuck_report() const {
-    bool shuffle_waits = false;
-    for (unsigned t = 0; t < spec_->block; ++t) shuffle_waits |= fibers_[t]->wait == Wait::kShuffle;
-    std::string report = where() + (shuffle_waits ? ": lanes of a warp diverge at a shuffle (the whole warp must "
-                                                    "make each shuffle call):"
-                                                  : ": a block barrier is not reached by every thread:");
-    unsigned first = 0;
-    for (unsigned t = 1; t <= spec_->block; ++t) {
-      const bool same_warp = t < spec_->block && t / spec_->warp == first / spec_->warp;
-      if (same_warp && describe_wait(*fibers_[t]) == describe_wait(*fibers_[first])) continue;
-      report += " threads " + lane_range(first, t - 1) + " " + describe_wait(*fibers_[first]) + ";";
-      first = t;
-    }
-    return report;
-  }
+  bool schedule();
+  int exchange(unsigned first, unsigned last);
+  bool wait_on_other_blocks();
+  void stop_waiting();
+  bool all_same_barrier() const;
+  std::string where() const;
+  std::string stuck_report() const;
 
   std::vector<std::unique_ptr<Fiber>> fibers_;
-  std::vector<unsigned char> shared_;
+  std::vector<float4> shared_;  // dynamic shared memory and a guard zone, 16-byte aligned
   jmp_buf scheduler_;
   Fiber* running_ = nullptr;
   const LaunchSpec* spec_ = nullptr;
   unsigned block_ = 0;
+  bool waiting_ = false;  // the block spin-waits on other blocks
+  std::chrono::steady_clock::time_point waiting_since_;
   std::string error_;
 };
 
-Worker* Worker::current() {
-  static thread_local Worker worker;
-  return &worker;
-}
-
-// Spreads the blocks of a launch over the calling thread and a few helper threads.
+// Spreads the blocks of a launch over the calling thread and helper threads.
 class BlockPool {
  public:
   ~BlockPool() { resize(0); }
 
   void resize(unsigned helpers) {
+    forget_helpers_after_fork();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
@@ -324,10 +230,11 @@ class BlockPool {
     for (auto& t : helpers_) t.join();
     helpers_.clear();
     stop_ = false;
-    for (unsigned i = 0; i < helpers; ++i) helpers_.emplace_back([this] { helper_loop(); });
+    for (unsigned i = 0; i < helpers; ++i) add_helper(generation_);
   }
 
   bool run(const LaunchSpec& spec, std::string* error) {
+    forget_helpers_after_fork();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       spec_ = &spec;
@@ -335,6 +242,8 @@ class BlockPool {
       failed_ = false;
       error_.clear();
       busy_ = static_cast<unsigned>(helpers_.size());
+      active_ = busy_ + 1;  // the helpers and this thread
+      waiting_ = 0;
       ++generation_;
     }
     start_.notify_all();
@@ -345,22 +254,53 @@ class BlockPool {
     return !failed_;
   }
 
+  bool failed() const { return failed_.load(); }
+
+  // A worker's block spin-waits on other blocks (begin / end of the wait).
+  void wait_begins() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++waiting_;
+  }
+  void wait_ends() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --waiting_;
+  }
+
+  // Called while a block spin-waits: when every working thread holds a waiting block
+  // and blocks are still to start, one more thread joins to start them. Then backs off.
+  void let_other_blocks_run() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (waiting_ == active_ && next_block_.load() < spec_->grid && helpers_.size() + 1 < kMaxHostThreads) {
+        ++busy_;
+        ++active_;
+        add_helper(generation_ - 1);  // joins the current launch at once
+      }
+    }
+    std::this_thread::sleep_for(kSpinBackoff);
+  }
+
  private:
+  void add_helper(unsigned long long seen) {
+    helpers_.emplace_back([this, seen] { helper_loop(seen); });
+  }
+
   void run_blocks() {
     Worker* worker = Worker::current();
     for (;;) {
       const unsigned block = next_block_.fetch_add(1);
-      if (block >= spec_->grid || failed_.load()) return;
+      if (block >= spec_->grid || failed_.load()) break;
       if (!worker->run_block(*spec_, block)) {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!failed_.exchange(true)) error_ = worker->error();
-        return;
+        break;
       }
     }
+    std::lock_guard<std::mutex> lock(mutex_);
+    --active_;
   }
 
-  void helper_loop() {
-    unsigned long long seen = 0;
+  void helper_loop(unsigned long long seen) {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
@@ -374,12 +314,23 @@ class BlockPool {
     }
   }
 
+  // A forked child has none of the parent's helper threads: never wait for or join them.
+  void forget_helpers_after_fork() {
+    if (owner_ == getpid()) return;
+    owner_ = getpid();
+    new std::vector<std::thread>(std::move(helpers_));  // leaked: destroying joinable threads aborts
+    helpers_.clear();
+  }
+
   std::vector<std::thread> helpers_;
+  pid_t owner_ = getpid();
   std::mutex mutex_;
   std::condition_variable start_, finished_;
   bool stop_ = false;
   unsigned long long generation_ = 0;
-  unsigned busy_ = 0;
+  unsigned busy_ = 0;     // helpers still working on the current launch
+  unsigned active_ = 0;   // threads running or about to run blocks of the current launch
+  unsigned waiting_ = 0;  // of those, threads whose block spin-waits on other blocks
   const LaunchSpec* spec_ = nullptr;
   std::atomic<unsigned> next_block_{0};
   std::atomic<bool> failed_{false};
@@ -389,6 +340,169 @@ class BlockPool {
 BlockPool& block_pool() {
   static BlockPool pool;
   return pool;
+}
+
+bool Worker::run_block(const LaunchSpec& spec, unsigned block) {
+  spec_ = &spec;
+  if (!prepare(spec)) return false;
+  unsigned char* const shared_bytes = reinterpret_cast<unsigned char*>(shared_.data());
+  const std::size_t mapped_bytes = shared_.size() * sizeof(float4);
+  std::fill(shared_bytes, shared_bytes + mapped_bytes, kPoisonByte);  // shared memory starts undefined
+  float4* const shared = shared_.data();
+  for (unsigned t = 0; t < spec.block; ++t) {
+    Fiber& f = *fibers_[t];
+    f.ids = {t, block, spec.block, spec.grid, shared};
+    f.wait = Wait::kRunnable;
+    f.shuffles = f.barriers = 0;
+  }
+  block_ = block;
+  const bool ok = schedule();
+  stop_waiting();
+  ps_emu_current_ids = nullptr;
+  if (!ok) {
+    for (auto& f : fibers_) f->booted = false;  // abandoned mid-kernel: boot afresh next time
+    return false;
+  }
+  if (std::any_of(shared_bytes + spec.shared_bytes, shared_bytes + mapped_bytes,
+                  [](unsigned char b) { return b != kPoisonByte; })) {
+    return fail("block " + std::to_string(block) + " wrote past its " + std::to_string(spec.shared_bytes) +
+                " bytes of dynamic shared memory");
+  }
+  return true;
+}
+
+bool Worker::schedule() {
+  const unsigned n = spec_->block, warp = spec_->warp;
+  for (;;) {
+    bool spinning = false;
+    for (unsigned i = 0; i < n; ++i) {
+      // Even blocks run their threads first to last, odd blocks last to first, so a shared
+      // read that lacks its barrier finds the slot unwritten (NaN) in one order or the other.
+      Fiber& f = *fibers_[block_ % 2 ? n - 1 - i : i];
+      if (f.wait != Wait::kRunnable && f.wait != Wait::kSpinning) continue;
+      resume(f);
+      if (f.wait == Wait::kFailed) return false;
+      spinning |= f.wait == Wait::kSpinning;
+    }
+    bool exchanged = false;
+    for (unsigned first = 0; first < n; first += warp) {
+      const int result = exchange(first, std::min(n, first + warp) - 1);
+      if (result < 0) return false;
+      exchanged |= result > 0;
+    }
+    if (exchanged) continue;
+    unsigned done = 0, at_barrier = 0;
+    for (unsigned t = 0; t < n; ++t) {
+      done += fibers_[t]->wait == Wait::kDone;
+      at_barrier += fibers_[t]->wait == Wait::kBarrier;
+    }
+    if (done == n) return true;
+    if (at_barrier == n && all_same_barrier()) {
+      for (unsigned t = 0; t < n; ++t) fibers_[t]->wait = Wait::kRunnable;
+      continue;
+    }
+    if (spinning) {  // nothing moves inside the block: it waits on another one
+      if (!wait_on_other_blocks()) return false;
+      continue;
+    }
+    stop_waiting();
+    return fail(stuck_report());
+  }
+}
+
+bool Worker::wait_on_other_blocks() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!waiting_) {
+    waiting_ = true;
+    waiting_since_ = now;
+    block_pool().wait_begins();
+  }
+  if (block_pool().failed()) return fail(where() + ": stopped while spin-waiting, another block failed");
+  const long waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - waiting_since_).count();
+  if (waited_ms > spin_timeout_ms.load()) {
+    return fail(where() + ": spin-waited " + std::to_string(waited_ms) + " ms on other blocks, which wait on "
+                "each other forever (or on a block that never runs):" + stuck_report());
+  }
+  block_pool().let_other_blocks_run();
+  return true;
+}
+
+void Worker::stop_waiting() {
+  if (!waiting_) return;
+  waiting_ = false;
+  block_pool().wait_ends();
+}
+
+// Exchanges the values of warp lanes [first, last] if all wait at one shuffle:
+// 1 exchanged, 0 not all there yet, -1 failed (they disagree about the call).
+int Worker::exchange(unsigned first, unsigned last) {
+  for (unsigned t = first; t <= last; ++t) {
+    if (fibers_[t]->wait != Wait::kShuffle) return 0;
+  }
+  const Fiber& lead = *fibers_[first];
+  for (unsigned t = first + 1; t <= last; ++t) {
+    const Fiber& f = *fibers_[t];
+    if (f.shuffles != lead.shuffles || f.width != lead.width || f.lane_mask != lead.lane_mask || f.size != lead.size) {
+      fail(where() + ": lanes of warp " + std::to_string(first / spec_->warp) + " diverge at a shuffle: lane " +
+           std::to_string(first) + " " + describe_wait(lead) + ", lane " + std::to_string(t) + " " +
+           describe_wait(f));
+      return -1;
+    }
+  }
+  const unsigned width = static_cast<unsigned>(lead.width);
+  for (unsigned t = first; t <= last; ++t) {
+    const unsigned lane = t - first;
+    const unsigned segment_end = (lane & ~(width - 1)) + width;
+    // CUDA's and HIP's rule: a source beyond the lane's own segment gives the lane's own value.
+    unsigned source = lane ^ static_cast<unsigned>(lead.lane_mask);
+    if (source >= segment_end) source = lane;
+    if (first + source > last) {
+      fail(where() + ": lane " + std::to_string(t) + " reads lane " + std::to_string(first + source) +
+           ", beyond the block's last thread");
+      return -1;
+    }
+    std::memcpy(fibers_[t]->result, fibers_[first + source]->value, lead.size);
+  }
+  for (unsigned t = first; t <= last; ++t) fibers_[t]->wait = Wait::kRunnable;
+  return 1;
+}
+
+bool Worker::all_same_barrier() const {
+  for (unsigned t = 1; t < spec_->block; ++t) {
+    if (fibers_[t]->barriers != fibers_[0]->barriers) return false;
+  }
+  return true;
+}
+
+std::string Worker::where() const {
+  return "kernel " + spec_->kernel + " (warp " + std::to_string(spec_->warp) + ", block " + std::to_string(block_) +
+         " of " + std::to_string(spec_->grid) + ", " + std::to_string(spec_->block) + " threads)";
+}
+
+// Nothing can move: say who waits where, as runs of threads of one warp in the same
+// state. A stuck shuffle names only the warps holding it; a barrier, the whole block.
+std::string Worker::stuck_report() const {
+  const unsigned n = spec_->block, warp = spec_->warp;
+  std::vector<bool> shuffling((n + warp - 1) / warp, false);
+  for (unsigned t = 0; t < n; ++t) shuffling[t / warp] = shuffling[t / warp] || fibers_[t]->wait == Wait::kShuffle;
+  const bool any_shuffle = std::find(shuffling.begin(), shuffling.end(), true) != shuffling.end();
+  std::string report = where() + (any_shuffle ? ": lanes of a warp diverge at a shuffle (every lane of the warp "
+                                                "must make each shuffle call):"
+                                              : ": a block barrier is not reached by every thread:");
+  constexpr int kMaxRuns = 8;
+  int runs = 0;
+  unsigned first = 0;
+  for (unsigned t = 1; t <= n; ++t) {
+    const bool same_run =
+        t < n && t / warp == first / warp && describe_wait(*fibers_[t]) == describe_wait(*fibers_[first]);
+    if (same_run) continue;
+    if ((!any_shuffle || shuffling[first / warp]) && runs++ < kMaxRuns) {
+      report += " " + thread_range(first, t - 1) + " " + describe_wait(*fibers_[first]) + ";";
+    }
+    first = t;
+  }
+  if (runs > kMaxRuns) report += " ... " + std::to_string(runs - kMaxRuns) + " more runs";
+  return report;
 }
 
 std::mutex launch_mutex;  // one launch at a time: static shared memory is per host thread, not per launch
@@ -439,6 +553,12 @@ void ps_emu_sync_threads(void) {
   w->suspend();
 }
 
+void ps_emu_spin_pause(void) {
+  Worker* w = Worker::current();
+  w->running().wait = ps_emu::Wait::kSpinning;
+  w->suspend();
+}
+
 // ---- the host interface (ctypes) ---------------------------------------------------
 const char* emu_last_error(void) { return ps_emu::last_error.c_str(); }
 
@@ -450,7 +570,11 @@ const char* emu_kernel_name(int index) {
                                                                : nullptr;
 }
 
-void emu_set_threads(int threads) { ps_emu::block_pool().resize(threads > 1 ? static_cast<unsigned>(threads - 1) : 0); }
+void emu_set_spin_timeout_ms(long milliseconds) { ps_emu::spin_timeout_ms = milliseconds; }
+
+void emu_set_threads(int threads) {
+  ps_emu::block_pool().resize(threads > 1 ? static_cast<unsigned>(threads - 1) : 0);
+}
 
 // Runs kernel `name` on grid x block threads in warps of `warp` lanes. `kinds` is one
 // letter per argument (p pointer, q int64, i int32), checked against the kernel's

@@ -106,10 +106,13 @@ struct ps_emu_thread_ids {
 extern __thread const ps_emu_thread_ids* ps_emu_current_ids;
 
 // Suspend until every lane of the calling warp has made the same call, then
-// return the value lane (lane ^ lane_mask) passed, within the width segment.
+// return the value lane (lane ^ lane_mask) passed, or the caller's own value when
+// that lane lies past the end of the caller's width-lane segment (CUDA and HIP).
 void ps_emu_shuffle_xor(const void* value, void* result, unsigned size, int lane_mask, int width);
 // Suspend until every thread of the block has reached its barrier.
 void ps_emu_sync_threads(void);
+// Let other threads and blocks run while this thread waits on them (a spin-wait's body).
+void ps_emu_spin_pause(void);
 }
 
 template <typename V>
@@ -121,8 +124,8 @@ inline V warp_shfl_xor(V v, int lane_mask, int width) {
 }
 
 #define PS_GLOBAL extern "C"
-// Blocks of one launch run one after another on a worker thread, so function
-// statics per host thread are block-shared storage.
+// A host thread runs one block at a time and a block never changes thread, so
+// function statics per host thread are block-shared storage.
 #define PS_SHARED static thread_local
 #define PS_SYNC() ps_emu_sync_threads()
 #define PS_THREAD_X (ps_emu_current_ids->thread_x)
@@ -131,6 +134,27 @@ inline V warp_shfl_xor(V v, int lane_mask, int width) {
 #define PS_GRID_DIM_X (ps_emu_current_ids->grid_dim_x)
 #define PS_LAUNCH_BOUNDS(threads)
 #define PS_DYNAMIC_SHARED_BYTES(name) float4* const name = ps_emu_current_ids->dynamic_shared
+
+// ---- communication between blocks ----------------------------------------------------
+// Blocks of a launch run on several host threads, so these are real host atomics.
+template <typename V, typename A>
+inline V ps_emu_atomic_add(V* address, A increment) {
+  const V value = static_cast<V>(increment);
+  if constexpr (std::is_integral<V>::value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
+  } else {  // floating point: compare-and-swap, like atomicAdd on types without a native add
+    V old;
+    __atomic_load(address, &old, __ATOMIC_SEQ_CST);
+    V sum;
+    do {
+      sum = old + value;
+    } while (!__atomic_compare_exchange(address, &old, &sum, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
+  }
+}
+#define PS_ATOMIC_ADD(address, value) ps_emu_atomic_add((address), (value))
+#define PS_THREAD_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define PS_SPIN_PAUSE() ps_emu_spin_pause()
 
 // ---- kernel registry: PS_EXPORT_KERNEL(name) makes `name` launchable by string ----
 namespace ps_emu {

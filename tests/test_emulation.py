@@ -1,0 +1,369 @@
+"""The SIMT emulation: its primitives at warp 32 and 64, the kernels through it, and a mutant it must catch.
+
+The shared suite (test_softmax.py) runs the public API on the "emu32" / "emu64" backends; this file
+checks the layer underneath: that shuffles and barriers behave like the hardware's, that rule
+breaking is reported instead of hanging, that every tier of every dtype matches the reference at
+both warp sizes, and that a 32-lane assumption in the source fails at warp 64 only.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+from emulation import CompilerUnavailable, EmulatedRuntime, EmulationError, EmulationLibrary, load_library
+from emulation.build import SRC_CUDA
+
+from portable_softmax import _variants as V
+from portable_softmax import reference
+from portable_softmax._dtypes import host_dtype
+from portable_softmax.api import problem_for, run_host_array
+from portable_softmax.layout import describe, normalize_axis
+from portable_softmax.planner import RowProblem, plan
+
+WARPS = V.WARP_SIZES
+ATOL, RTOL = 1e-6, 1e-5
+#: float16 / bfloat16: distance to the reference rounded to the dtype, in units in the last place
+ULP_BOUND = 2
+SIXTEEN_BIT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _library_or_skip(*args) -> EmulationLibrary:
+    """Skip where no C++ compiler exists; a source that does not compile is a failure, not a skip."""
+    try:
+        return load_library(*args)
+    except CompilerUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def library() -> EmulationLibrary:
+    return _library_or_skip()
+
+
+@pytest.fixture(params=WARPS, ids=lambda w: f"warp{w}")
+def runtime(request, library) -> EmulatedRuntime:
+    return EmulatedRuntime(library, request.param)
+
+
+def _pointers(**arrays: np.ndarray) -> dict[str, int]:
+    return {name: a.ctypes.data for name, a in arrays.items()}
+
+
+# ---- primitives -------------------------------------------------------------------------------
+def _expected_shuffle(values: np.ndarray, warp: int, lane_mask: int, width: int) -> np.ndarray:
+    """CUDA's / HIP's __shfl_xor: lane ^ mask, or the lane's own value when that lies past its segment."""
+    out = np.empty_like(values)
+    for t in range(values.size):
+        lane = t % warp
+        source = lane ^ lane_mask
+        if source >= (lane & ~(width - 1)) + width:
+            source = lane
+        out[t] = values[t - lane + source]
+    return out
+
+
+@pytest.mark.parametrize("kernel, dtype", [("emu_probe_shuffle_f32", np.float32),
+                                           ("emu_probe_shuffle_f64", np.float64),
+                                           ("emu_probe_shuffle_i32", np.int32)])
+def test_shuffle_xor_every_width_and_mask(library, rng, kernel, dtype):
+    for warp in WARPS:
+        threads = 3 * warp  # three warps: lanes must never reach across a warp
+        values = (rng.standard_normal(threads) * 1000).astype(dtype)
+        for width in V.pow2_upto(warp):
+            table = np.full((warp, threads), -7, dtype)
+            args = (("ptr", "in"), ("ptr", "out"), ("i32", warp), ("i32", width))
+            library.launch(kernel, warp, 1, threads, 0, args, _pointers(**{"in": values, "out": table}))
+            for mask in range(warp):
+                np.testing.assert_array_equal(table[mask], _expected_shuffle(values, warp, mask, width),
+                                              err_msg=f"warp {warp} width {width} xor {mask}")
+                if mask < width:  # the butterfly partner inside the segment, stated plainly
+                    np.testing.assert_array_equal(table[mask], values[np.arange(threads) ^ mask])
+
+
+def test_thread_and_block_ids(library):
+    grid, block = 5, 96
+    out = np.full((grid * block, 4), -1, np.int32)
+    library.launch("emu_probe_ids", 32, grid, block, 0, (("ptr", "out"),), _pointers(out=out))
+    t = np.arange(grid * block)
+    np.testing.assert_array_equal(out, np.stack([t % block, t // block, np.full_like(t, block),
+                                                 np.full_like(t, grid)], axis=1))
+
+
+@pytest.mark.parametrize("block", [32, 64, 96, 256, 1024])
+def test_barriers_keep_rounds_in_lock_step(library, rng, block):
+    grid, rounds = 3, 7
+    values = rng.integers(0, 1 << 20, grid * block).astype(np.int32)
+    out = np.zeros_like(values)
+    args = (("ptr", "in"), ("ptr", "out"), ("i32", rounds))
+    library.launch("emu_probe_barrier_rotate", 64, grid, block, 0, args, _pointers(**{"in": values, "out": out}))
+    t = np.arange(block)
+    for b in range(grid):
+        own = values[b * block:(b + 1) * block]
+        np.testing.assert_array_equal(out[b * block:(b + 1) * block], own[(t + rounds) % block] + sum(range(rounds)))
+
+
+def test_dynamic_shared_memory_starts_poisoned_and_is_per_block(library):
+    grid, block = 4, 128
+    out, before = np.zeros(grid * block, np.int32), np.zeros(grid * block, np.int32)
+    library.launch("emu_probe_dynamic_shared", 32, grid, block, 4 * block, (("ptr", "out"), ("ptr", "before")),
+                   _pointers(out=out, before=before))
+    assert (before == -1).all(), "shared memory must start as NaN bytes, not as the previous block left it"
+    t = np.arange(grid * block)
+    np.testing.assert_array_equal(out, (t // block) * 1000 + (block - 1 - t % block))
+
+
+@pytest.mark.parametrize("step", [1, -1])
+def test_a_missing_barrier_reads_poison_in_one_thread_order_or_the_other(library, step):
+    grid, block = 2, 64
+    out = np.zeros(grid * block, np.int32)
+    library.launch("emu_probe_missing_barrier", 32, grid, block, 4 * block, (("ptr", "out"), ("i32", step)),
+                   _pointers(out=out))
+    for b in range(grid):  # even blocks run threads forwards, odd ones backwards
+        assert (out[b * block:(b + 1) * block] == -1).any(), f"block {b} never saw an unwritten slot"
+
+
+def test_blocks_waiting_on_each_other_are_all_resident(library):
+    """A grid-wide spin barrier over more blocks than host threads: blocks not yet started must get
+    a thread while the started ones spin, as on a GPU that holds the whole grid."""
+    grid, block = 12, 64
+    arrivals, out = np.zeros(1, np.uint32), np.zeros(grid * block, np.int32)
+    args = (("ptr", "arrivals"), ("ptr", "out"), ("i32", grid))
+    library.launch("emu_probe_grid_barrier", 32, grid, block, 0, args, _pointers(arrivals=arrivals, out=out))
+    assert (out == grid).all()
+
+
+def test_a_wait_that_cannot_end_is_reported(library):
+    arrivals, out = np.zeros(1, np.uint32), np.zeros(4 * 32, np.int32)
+    args = (("ptr", "arrivals"), ("ptr", "out"), ("i32", 5))  # 5 arrivals expected from 4 blocks
+    library.set_spin_timeout(0.3)
+    try:
+        with pytest.raises(EmulationError, match="wait on each other forever"):
+            library.launch("emu_probe_grid_barrier", 32, 4, 32, 0, args, _pointers(arrivals=arrivals, out=out))
+    finally:
+        library.set_spin_timeout(20)
+
+
+def test_shared_memory_overflow_is_reported(library):
+    with pytest.raises(EmulationError, match="wrote past its 64 bytes of dynamic shared memory"):
+        library.launch("emu_probe_shared_write", 32, 1, 32, 64, (("i64", 65),), {})
+    library.launch("emu_probe_shared_write", 32, 1, 32, 64, (("i64", 64),), {})
+
+
+@pytest.mark.parametrize("warp", WARPS)
+@pytest.mark.parametrize("kernel, extra_args, message", [
+    ("emu_probe_uneven_shuffles", lambda warp: (), "diverge at a shuffle"),
+    ("emu_probe_shuffle_after_exit", lambda warp: (("i32", warp),), "diverge at a shuffle"),
+    ("emu_probe_exit_before_barrier", lambda warp: (), "barrier is not reached by every thread"),
+    ("emu_probe_wide_shuffle", lambda warp: (("i32", 2 * warp),), "no larger than the warp"),
+])
+def test_broken_simt_rules_fail_loudly_and_the_runtime_recovers(library, warp, kernel, extra_args, message):
+    out = np.zeros(2 * warp, np.float32)
+    with pytest.raises(EmulationError, match=message) as info:
+        library.launch(kernel, warp, 2, 2 * warp, 0, (("ptr", "out"), *extra_args(warp)), _pointers(out=out))
+    print(info.value)
+    values = np.arange(warp, dtype=np.float32)
+    table = np.zeros((1, warp), np.float32)
+    library.launch("emu_probe_shuffle_f32", warp, 1, warp, 0,
+                   (("ptr", "in"), ("ptr", "out"), ("i32", 1), ("i32", warp)),
+                   _pointers(**{"in": values, "out": table}))  # fibers abandoned above are rebuilt
+    np.testing.assert_array_equal(table[0], values)
+
+
+def test_launches_that_cannot_match_the_kernel_are_refused(library):
+    x = np.zeros(4, np.float32)
+    name = V.strided_name("float32", "softmax")
+    with pytest.raises(EmulationError, match="takes arguments"):
+        library.launch(name, 32, 1, 32, 0, (("ptr", "x"), ("ptr", "x"), ("i32", 1)), _pointers(x=x))
+    with pytest.raises(EmulationError, match="no kernel named"):
+        library.launch("ps_no_such_kernel", 32, 1, 32, 0, (), {})
+    with pytest.raises(EmulationError, match="launch shape"):
+        library.launch("emu_probe_ids", 32, 1, 2048, 0, (("ptr", "x"),), _pointers(x=x))
+
+
+def test_every_catalogued_entry_point_is_registered(library):
+    registered = set(library.kernel_names())
+    for dtype in V.DTYPES:
+        expected = {V.strided_name(dtype, op) for op in V.OPS}
+        for warp in WARPS:
+            expected |= set(V.entry_names(dtype, warp))
+        assert expected <= registered, sorted(expected - registered)[:5]
+
+
+# ---- 16-bit conversions against ml_dtypes --------------------------------------------------------
+def _float32_probes(rng) -> np.ndarray:
+    """Random bit patterns (every exponent, NaN included) plus the halfway and boundary cases."""
+    random_bits = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    # midpoints between neighbouring float16 / bfloat16 values: the ties of round-to-nearest-even
+    ties = [(a.astype(np.float64)[:-1] + a.astype(np.float64)[1:]) / 2
+            for a in (np.sort(halves[np.isfinite(halves)]),
+                      np.arange(0, 0x7f80, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32))]
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 6.1e-5, 5.96e-8, 2.98e-8,
+                      3.4e38, 1e-45], np.float32)
+    return np.concatenate([random_bits, halves, *(t.astype(np.float32) for t in ties), edges, -edges])
+
+
+@pytest.mark.parametrize("dtype, to_float, from_float", [
+    ("float16", "emu_half_to_float", "emu_float_to_half"),
+    ("bfloat16", "emu_bfloat16_to_float", "emu_float_to_bfloat16"),
+])
+def test_sixteen_bit_conversions_round_to_nearest_even(library, rng, dtype, to_float, from_float):
+    storage = SIXTEEN_BIT[dtype]
+    every_pattern = np.arange(1 << 16, dtype=np.uint16).view(storage)
+    widened = library.convert(to_float, every_pattern, np.float32)
+    expected = every_pattern.astype(np.float32)
+    np.testing.assert_array_equal(widened.view(np.uint32)[~np.isnan(expected)],
+                                  expected.view(np.uint32)[~np.isnan(expected)])
+    assert np.isnan(widened[np.isnan(expected)]).all()
+
+    probes = _float32_probes(rng)
+    narrowed = library.convert(from_float, probes, storage)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf and NaN are cases under test
+        expected = probes.astype(storage)
+    nan = np.isnan(probes)
+    np.testing.assert_array_equal(narrowed.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
+    assert np.isnan(narrowed[nan].astype(np.float32)).all()
+
+
+# ---- the kernels through the emulation -----------------------------------------------------------
+#: (shape, axis): the input is drawn with `shape`, then its last axis is moved to `axis`. Contiguous
+#: rows from one lane per row up to rows split across blocks (grid-stride loops at the larger row
+#: counts), then reductions over a non-last axis (the strided tier).
+SHAPES = [((300, 1), 1), ((67, 5), 1), ((33, 37), 1), ((9, 130), 1), ((600, 100), 1), ((5, 1000), 1),
+          ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1), ((3, 20000), 1), ((1, 20000), 1),
+          ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
+#: every tier the planner has (tier "empty" launches nothing)
+TIERS = {"warp", "block", "cached", "split", "strided"}
+OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]
+
+
+def _inputs(rng, shape, dtype: str) -> np.ndarray:
+    """Random values with the special rows the kernels must get right (last axis reduced)."""
+    x = rng.standard_normal(shape) * 4.0
+    rows = x.reshape(-1, shape[-1])
+    cols = shape[-1]
+    if rows.shape[0] >= 5 and cols > 1:
+        rows[0, cols // 2] = np.nan  # NaN -> the row is NaN
+        rows[1, -1] = np.inf  # +inf -> NaN, like torch
+        rows[2, :] = -np.inf  # all -inf -> NaN, or 0 when safe
+        rows[3, :-1] = -np.inf  # one finite element -> exactly 1
+    if cols > 1:  # a leading run of -inf: whole chunks of a split row have nothing to add
+        rows[-1, : (cols * 3) // 5] = -np.inf
+    return x.astype(host_dtype(dtype))
+
+
+def _tier(runtime: EmulatedRuntime, x: np.ndarray, axis: int, op: str, safe: bool) -> str:
+    layout = describe(x.shape, tuple(s // x.itemsize for s in x.strides), axis)
+    problem = problem_for(x.dtype.name, op, safe, layout, layout, 0, 0)
+    return plan(problem, runtime.profile(0)).tier
+
+
+def _ordered(values: np.ndarray) -> np.ndarray:
+    """16-bit floats as integers ordered like their values (+0 and -0 both 0)."""
+    bits = values.view(np.uint16).astype(np.int64)
+    return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+
+
+def assert_close(got: np.ndarray, x: np.ndarray, axis: int, op: str, safe: bool, what: str) -> None:
+    ref = reference.softmax(x, axis, safe=safe) if op == "softmax" else reference.log_softmax(x, axis)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), np.isnan(ref), err_msg=f"{what}: NaN places")
+    if x.dtype.name in SIXTEEN_BIT:
+        # Within ULP_BOUND of the reference rounded to the dtype, or within the float32 computation's
+        # own ATOL (log_softmax outputs near 0 are tiny numbers from a difference of O(1) values).
+        with np.errstate(over="ignore", invalid="ignore"):  # inf - inf where both are -inf
+            rounded = ref.astype(x.dtype)
+            near = np.abs(got.astype(np.float64) - ref) <= ATOL
+        ulps = np.abs(_ordered(got) - _ordered(rounded))
+        bad = ~np.isnan(ref) & (ulps > ULP_BOUND) & ~near
+        assert not bad.any(), (f"{what}: {bad.sum()} outputs beyond {ULP_BOUND} ulp, worst {ulps[bad].max()} ulp "
+                               f"at {np.argwhere(bad)[0]}")
+    else:
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def _shapes_reaching_every_tier(runtime: EmulatedRuntime, dtype: str) -> list[tuple[tuple[int, ...], int]]:
+    """SHAPES, plus the first row shape the planner sends to each row tier SHAPES misses
+    (so that moving tier boundaries cannot silently drop a tier from the test)."""
+    reached = {_tier(runtime, np.empty(shape, host_dtype(dtype)), normalize_axis(axis, len(shape)), "softmax", False)
+               for shape, axis in SHAPES}
+    extra, cols = [], 1
+    while cols <= 1 << 17 and not TIERS - {"strided"} <= reached:
+        for rows in (7, 3, 1):
+            tier = _tier(runtime, np.empty((rows, cols), host_dtype(dtype)), 1, "softmax", False)
+            if tier not in reached:
+                reached.add(tier)
+                extra.append(((rows, cols), 1))
+        cols = cols * 5 // 4 + 1
+    return SHAPES + extra
+
+
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_every_tier_matches_the_reference(runtime, rng, dtype):
+    warp = runtime.profile(0).warp_size
+    tiers = set()
+    for shape, axis in _shapes_reaching_every_tier(runtime, dtype):
+        x = _inputs(rng, shape, dtype)
+        axis = normalize_axis(axis, x.ndim)
+        reduced = np.ascontiguousarray(np.moveaxis(x, -1, axis))  # the special rows run along `axis`
+        for op, safe in OP_CASES:
+            tier = _tier(runtime, reduced, axis, op, safe)
+            tiers.add(tier)
+            got = run_host_array(runtime, reduced, axis, op, safe)
+            assert_close(got, reduced, axis, op, safe, f"warp {warp} {dtype} {op} safe={safe} {shape} {tier}")
+    assert tiers == TIERS, f"warp {warp} {dtype} reached only {sorted(tiers)}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("x_misalign, y_misalign", [(1, 1), (1, 2)])
+def test_misaligned_rows_use_scalar_heads_and_tails(runtime, rng, dtype, x_misalign, y_misalign):
+    """Rows whose start is not vector-aligned: the same offset takes a partial head slot, different
+    offsets force the scalar (VEC = 1) kernels."""
+    for rows, cols in [(40, 3), (9, 130), (5, 1000), (7, 5000), (3, 12000), (1, 20000)]:
+        x = _inputs(rng, (rows, cols), dtype)
+        problem = RowProblem(dtype, "softmax", rows, cols, x_misalign=x_misalign, y_misalign=y_misalign)
+        the_plan = plan(problem, runtime.profile(0))
+        got = runtime.run_plan(x, the_plan, x_offset=x_misalign, y_offset=y_misalign)
+        assert_close(got, x, 1, "softmax", False, f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}")
+
+
+# ---- a 32-lane assumption must fail at warp 64 -------------------------------------------------------
+#: name -> (source text, its replacement); every occurrence in softmax.cuh is replaced
+MUTATIONS = {
+    # the butterflies never exchange across 32 lanes: a 64-lane warp ends with two half totals
+    "butterfly stops at xor 16": ("for (int offset = width / 2; offset > 0; offset /= 2)",
+                                  "for (int offset = (width > 32 ? 32 : width) / 2; offset > 0; offset /= 2)"),
+    # lane numbers from a 5-bit mask: lanes 32-63 also load per-warp partials, counting them twice
+    "lane = thread & 31": ("const int lane = PS_THREAD_X % WARP;", "const int lane = PS_THREAD_X & 31;"),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_a_32_lane_assumption_fails_at_warp_64_only(tmp_path, rng, mutation):
+    anchor, replacement = MUTATIONS[mutation]
+    src = tmp_path / "src_cuda"
+    shutil.copytree(SRC_CUDA, src)
+    header = src / "softmax.cuh"
+    text = header.read_text()
+    assert anchor in text, f"mutation anchor no longer in softmax.cuh: {anchor!r}"
+    header.write_text(text.replace(anchor, replacement))
+    mutant = _library_or_skip(src, ("float32",))
+
+    # a row per 64-lane warp, 32-lane groups, then the tiers with block-wide reductions
+    shapes = [(9, 130), (600, 100), (7, 5000), (3, 12000), (1, 20000)]
+    wrong = {}
+    for warp in WARPS:
+        runtime = EmulatedRuntime(mutant, warp)
+        wrong[warp] = []
+        for shape in shapes:
+            x = (rng.standard_normal(shape) * 4.0).astype(np.float32)
+            got = run_host_array(runtime, x, 1, "softmax", False)
+            ref = reference.softmax(x, 1)
+            if not np.allclose(got, ref, rtol=RTOL, atol=ATOL):
+                wrong[warp].append(f"{shape} {_tier(runtime, x, 1, 'softmax', False)}")
+    assert not wrong[32], f"mutation {mutation!r} should be harmless at warp 32, yet broke {wrong[32]}"
+    assert wrong[64], f"mutation {mutation!r} went unnoticed at warp 64"
+    print(f"mutation {mutation!r} caught at warp 64 on: {wrong[64]}")
