@@ -1,0 +1,31 @@
+"""Launch one softmax per shape (after a warm-up) so that `ncu` can profile the kernels.
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy \\
+        --section MemoryWorkloadAnalysis python3 tools/profile_kernels.py float16:16384x8192 ...
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import portable_softmax as ps
+
+
+def main(specs: list[str]) -> None:
+    for spec in specs:
+        dtype, shape = spec.split(":")
+        dims = tuple(int(d) for d in shape.split("x"))
+        x = (torch.randn(*dims, device="cuda") * 4).to(getattr(torch, dtype))
+        y = torch.empty_like(x)
+        ps.softmax(x, out=y)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(spec)
+        ps.softmax(x, out=y)
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
