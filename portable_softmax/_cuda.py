@@ -118,7 +118,7 @@ class CudaRuntime:
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
             packed = PackedArgs(step.args, buffers)
-            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            grid = self.resident_grid(fn, step, device)
             self.driver.launchKernel(fn, grid, 1, 1, step.block, 1, 1, step.shared_mem, stream, packed.address, 0)
 
     def prepare(self, plan: Plan, dtype: str, device: int):
@@ -126,7 +126,7 @@ class CudaRuntime:
         steps = []
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
-            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            grid = self.resident_grid(fn, step, device)
             packed = PackedArgs(step.args, {"x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
@@ -148,7 +148,11 @@ class CudaRuntime:
         return launcher
 
     def resident_grid(self, fn: int, step, device: int) -> int:
-        """The launch's grid cut to what the device keeps resident at once (blocks wait on each other)."""
+        """The launch's grid cut to one wave of resident blocks.
+
+        Every kernel loops over its work with a grid stride, so one full wave does it all
+        without a half-empty last wave; blocks of a cooperative launch wait on each other
+        and must all be resident."""
         key = (fn, step.block, step.shared_mem)
         per_sm = self._occupancy.get(key)
         if per_sm is None:

@@ -482,7 +482,7 @@ class HipRuntime:
         steps = []
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel)
-            grid = self.resident_grid(fn, step, device) if step.cooperative else step.grid
+            grid = self.resident_grid(fn, step, device)
             steps.append((fn, grid, step))
         return steps
 
@@ -518,7 +518,11 @@ class HipRuntime:
         return launcher
 
     def resident_grid(self, fn, step: Launch, device: int) -> int:
-        """The grid cut to what the device keeps resident at once (its blocks wait on each other)."""
+        """The launch's grid cut to one wave of resident blocks.
+
+        Every kernel loops over its work with a grid stride, so one full wave does it all
+        without a half-empty last wave; blocks of a cooperative launch wait on each other
+        and must all be resident."""
         key = (device, step.kernel, step.block, step.shared_mem)
         per_cu = self._occupancy.get(key)
         if per_cu is None:

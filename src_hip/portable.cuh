@@ -15,32 +15,33 @@
 #define PS_WAVE64 1
 
 #elif defined(__HIP__) || defined(__HIPCC__)
-// AMD ROCm: hipcc / amdclang++ and hipRTC. clang defines __HIP__ for the HIP
-// language in both; hipRTC (__HIPCC_RTC__) has the runtime built in and serves
-// only its own set of headers. Compiled with ROCm 5.2 (Debian 12) up to ROCm 7.
+// AMD ROCm: hipcc / amdclang++ and hipRTC; clang defines __HIP__ for both.
+// hipRTC (__HIPCC_RTC__) comes with the runtime and fp16 headers built in and
+// serves no other header, so it includes nothing. Built with ROCm 5.2 (Debian
+// 12's hipcc) and written for ROCm 6 / 7, whose bf16 header differs.
 #if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
-#endif
 #include <hip/hip_fp16.h>
 #if defined(__has_include)
 #if __has_include(<hip/hip_bf16.h>)
-#define PS_HIP_HAS_BF16_HEADER 1
+#include <hip/hip_bf16.h>
+#define PS_HIP_VENDOR_BF16 1
+#endif
 #endif
 #endif
 #define PS_DEVICE __device__ __forceinline__
 #define PS_WAVE64 1  // CDNA (gfx9) runs wave64, RDNA (gfx10+) wave32: both variants are built
 typedef __half half_t;
 
-#if defined(PS_HIP_HAS_BF16_HEADER)
-#include <hip/hip_bf16.h>
+#if defined(PS_HIP_VENDOR_BF16)
 typedef __hip_bfloat16 bfloat16_t;
 PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __bfloat162float(v); }
 // HIP's __float2bfloat16 rounds to nearest even and keeps NaN (CUDA's _rn).
 PS_DEVICE bfloat16_t ps_hip_float_to_bf16(float v) { return __float2bfloat16(v); }
 #else
-// ROCm before hip_bf16.h (5.2) has only hip_bfloat16.h, whose class needs
-// <ostream> and so cannot reach hipRTC: a 2-byte storage type converted by
-// hand, round-to-nearest-even and NaN kept quiet like __float2bfloat16_rn.
+// hipRTC, and ROCm before hip_bf16.h (5.2 has only hip_bfloat16.h, whose class
+// needs <ostream>): 2-byte storage converted by hand, rounding to nearest even
+// and keeping NaN quiet like __float2bfloat16_rn. Same layout as __hip_bfloat16.
 struct ps_hip_bfloat16 { unsigned short bits; };
 typedef ps_hip_bfloat16 bfloat16_t;
 PS_DEVICE float ps_hip_bf16_to_float(bfloat16_t v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
@@ -67,6 +68,8 @@ template <typename V>
 PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor(v, lane_mask, width);
 }
+// Back off while waiting on another block (a few cycles of s_sleep).
+#define PS_SPIN_PAUSE() __builtin_amdgcn_s_sleep(1)
 
 #else  // NVIDIA CUDA (nvcc or NVRTC)
 #include <hip/hip_fp16.h>
@@ -83,6 +86,26 @@ template <typename V>
 PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor_sync(kWholeWarpMask, v, lane_mask, width);
 }
+// Back off while waiting on another block (sm_70 and newer).
+#define PS_SPIN_PAUSE() __nanosleep(64)
+// NVRTC has no __builtin_huge_val / __builtin_nan: spell the bits.
+#define PS_INF_F __int_as_float(0x7f800000)
+#define PS_NAN_F __int_as_float(0x7fffffff)
+#define PS_INF_D __longlong_as_double(0x7ff0000000000000LL)
+#define PS_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+#endif
+
+#if defined(PORTABLE_SOFTMAX_EMULATION)
+#define PS_FAST_EXPF(v) expf(v)
+#else
+#define PS_FAST_EXPF(v) __expf(v)
+#endif
+
+#if !defined(PS_INF_F)  // clang (HIP, hipRTC) and the host compiler know the builtins
+#define PS_INF_F __builtin_huge_valf()
+#define PS_NAN_F __builtin_nanf("")
+#define PS_INF_D __builtin_huge_val()
+#define PS_NAN_D __builtin_nan("")
 #endif
 
 #if !defined(PORTABLE_SOFTMAX_EMULATION)
@@ -94,9 +117,14 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 #define PS_BLOCK_DIM_X blockDim.x
 #define PS_GRID_DIM_X gridDim.x
 #define PS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define PS_THREAD_FENCE() __threadfence()
+#define PS_ATOMIC_ADD(address, value) atomicAdd((address), (value))
 // One dynamic shared-memory symbol for every kernel of a translation unit
 // (its declarations must agree); 16-byte elements keep any vector aligned.
 #define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]
+// Registers an entry point by name for the host emulation; GPU builds look
+// kernels up in the code object instead.
+#define PS_EXPORT_KERNEL(name)
 #endif
 
 // ---- storage type <-> compute type -------------------------------------
@@ -122,7 +150,15 @@ PS_DEVICE float ps_exp(float v) { return expf(v); }
 PS_DEVICE double ps_exp(double v) { return exp(v); }
 PS_DEVICE float ps_log(float v) { return logf(v); }
 PS_DEVICE double ps_log(double v) { return log(v); }
-template <typename C> PS_DEVICE C ps_neg_inf() { return -__builtin_huge_valf(); }
-template <> PS_DEVICE double ps_neg_inf<double>() { return -__builtin_huge_val(); }
-template <typename C> PS_DEVICE C ps_nan() { return __builtin_nanf(""); }
-template <> PS_DEVICE double ps_nan<double>() { return __builtin_nan(""); }
+// 16-bit outputs cannot show float32's last bits: they take the hardware exp
+// (relative error about 1e-6 where the output is representable, far under an ulp).
+template <typename T> PS_DEVICE typename compute_of<T>::type exp_for(typename compute_of<T>::type v) {
+  return ps_exp(v);
+}
+template <> PS_DEVICE float exp_for<half_t>(float v) { return PS_FAST_EXPF(v); }
+template <> PS_DEVICE float exp_for<bfloat16_t>(float v) { return PS_FAST_EXPF(v); }
+
+template <typename C> PS_DEVICE C ps_neg_inf() { return -PS_INF_F; }
+template <> PS_DEVICE double ps_neg_inf<double>() { return -PS_INF_D; }
+template <typename C> PS_DEVICE C ps_nan() { return PS_NAN_F; }
+template <> PS_DEVICE double ps_nan<double>() { return PS_NAN_D; }

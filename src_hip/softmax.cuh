@@ -48,6 +48,27 @@ template <typename C, int N> PS_DEVICE MD<C> md_of(const C* v) {
   return r;
 }
 
+// Streaming (m, d) of values seen one at a time: the sum is rescaled only when
+// the max grows, and compensated (Kahan) so long runs keep float32 accuracy.
+template <typename C> struct OnlineSum {
+  C m, d, carry;
+  PS_DEVICE OnlineSum() : m(ps_neg_inf<C>()), d(C(0)), carry(C(0)) {}
+  PS_DEVICE void push(C v) {
+    if (v > m || v != v) {  // a new max, or NaN, which then reaches every output
+      const C scale = m == ps_neg_inf<C>() ? C(0) : ps_exp(m - v);
+      d *= scale;
+      carry *= scale;
+      m = v;
+    }
+    const C term = m == ps_neg_inf<C>() ? C(0) : ps_exp(v - m);
+    const C y = term - carry;
+    const C t = d + y;
+    carry = (t - d) - y;
+    d = t;
+  }
+  PS_DEVICE MD<C> md() const { MD<C> r = {m, d}; return r; }
+};
+
 // Butterfly over `width` consecutive lanes; every lane ends with the total.
 template <int width, typename C> PS_DEVICE MD<C> md_reduce_lanes(MD<C> md) {
 #pragma unroll
@@ -82,7 +103,8 @@ template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
 }
 
 // ---- turning (m, d) into outputs ------------------------------------------
-template <int OP, typename C> struct RowFinish {
+template <int OP, typename T> struct RowFinish {
+  typedef typename compute_of<T>::type C;
   C m, scale, log_d;
   bool empty, safe;
   PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(C(1) / md.d), log_d(ps_log(md.d)),
@@ -90,7 +112,7 @@ template <int OP, typename C> struct RowFinish {
   PS_DEVICE C operator()(C x) const {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
     if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
-    return OP == kSoftmax ? ps_exp(x - m) * scale : (x - m) - log_d;
+    return OP == kSoftmax ? exp_for<T>(x - m) * scale : (x - m) - log_d;
   }
 };
 
@@ -141,87 +163,169 @@ template <typename T, int VEC> struct RowSlots {
   }
 };
 
-template <int OP, typename C, int VEC> PS_DEVICE void finish_slot(const RowFinish<OP, C>& f, C* v) {
+template <int OP, typename T, int VEC>
+PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, typename compute_of<T>::type* v) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = f(v[j]);
 }
 
 // ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
 // LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
-// a warp per row. Each lane holds SLOTS slots of VEC elements.
+// a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
+// BATCH rows per step so that short rows still keep 32 bytes per lane in flight.
+// With the whole row in registers the pair (m, d) is formed in two sweeps, m over
+// the group first and then d = sum exp(x - m): one exp per element and no exp in
+// the shuffles; every value becomes its exp on the way, so the output is a multiply.
+template <typename T, int SLOTS, int VEC> struct WarpBatch {
+  static const int bytes = SLOTS * VEC * (int)sizeof(T);
+  static const int rows = bytes >= 32 ? 1 : 32 / bytes;
+};
+
+template <int width, typename C> PS_DEVICE C max_over_lanes(C v) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) v = max_nan(v, warp_shfl_xor(v, offset, width));
+  return v;
+}
+
+template <int width, typename C> PS_DEVICE C sum_over_lanes(C v) {
+#pragma unroll
+  for (int offset = width / 2; offset > 0; offset /= 2) v += warp_shfl_xor(v, offset, width);
+  return v;
+}
+
 template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
 PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
   typedef typename compute_of<T>::type C;
   static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
+  const int BATCH = WarpBatch<T, SLOTS, VEC>::rows;
+  const int N = SLOTS * VEC;
   const int lane = PS_THREAD_X % LANES;
   const i64 group = PS_THREAD_X / LANES;
   const i64 groups_per_block = PS_BLOCK_DIM_X / LANES;
+  const i64 rows_per_step = groups_per_block * BATCH;
   // The bound depends on the block only, so all lanes of a warp stay in the
   // loop together and every shuffle sees its whole lane group.
-  for (i64 first_row = (i64)PS_BLOCK_X * groups_per_block; first_row < rows;
-       first_row += (i64)PS_GRID_DIM_X * groups_per_block) {
-    const i64 row = first_row + group;
-    const bool active = row < rows;
-    const i64 r = active ? row : 0;
-    const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, active ? cols : 0);
-    C v[SLOTS * VEC];
+  for (i64 first_row = (i64)PS_BLOCK_X * rows_per_step; first_row < rows;
+       first_row += (i64)PS_GRID_DIM_X * rows_per_step) {
+    C v[BATCH][N];
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = (i64)s * LANES + lane;
-      if (k < rs.slots) {
-        rs.load(k, v + s * VEC);
-      } else {
+    for (int b = 0; b < BATCH; ++b) {
+      const i64 row = first_row + b * groups_per_block + group;
+      const i64 r = row < rows ? row : 0;
+      const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, row < rows ? cols : 0);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = (i64)s * LANES + lane;
+        if (k < rs.slots) {
+          rs.load(k, v[b] + s * VEC);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[b][s * VEC + j] = ps_neg_inf<C>();
+        }
       }
     }
-    const MD<C> md = md_reduce_lanes<LANES>(md_of<C, SLOTS * VEC>(v));
-    if (!active) continue;
-    const RowFinish<OP, C> f(md, safe != 0);
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = (i64)s * LANES + lane;
-      if (k < rs.slots) {
-        finish_slot<OP, C, VEC>(f, v + s * VEC);
-        rs.store(k, v + s * VEC);
+    for (int b = 0; b < BATCH; ++b) {
+      const i64 row = first_row + b * groups_per_block + group;
+      C m = ps_neg_inf<C>();
+#pragma unroll
+      for (int j = 0; j < N; ++j) m = max_nan(m, v[b][j]);
+      m = max_over_lanes<LANES>(m);
+      C d = C(0);
+      if (m != ps_neg_inf<C>()) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const C e = exp_for<T>(v[b][j] - m);
+          d += e;
+          if (OP == kSoftmax) v[b][j] = e;
+        }
+      }
+      MD<C> md = {m, sum_over_lanes<LANES>(d)};
+      if (row >= rows) continue;
+      const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+      const RowFinish<OP, T> f(md, safe != 0);
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = (i64)s * LANES + lane;
+        if (k < rs.slots) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            C& o = v[b][s * VEC + j];
+            o = (OP == kSoftmax && !f.empty) ? o * f.scale : f(o);
+          }
+          rs.store(k, v[b] + s * VEC);
+        }
       }
     }
   }
 }
 
+// ---- streaming a thread's slots of a row --------------------------------------
+// Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time: all DEPTH loads
+// are issued before the first use, so a thread keeps several requests in flight
+// (a store to shared memory in between would otherwise order each load after it).
+template <int DEPTH, typename T, int VEC, typename F>
+PS_DEVICE void for_each_slot(const RowSlots<T, VEC>& rs, i64 begin, i64 end, F&& use) {
+  typedef typename compute_of<T>::type C;
+  const i64 step = PS_BLOCK_DIM_X;
+  for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += DEPTH * step) {
+    C v[DEPTH][VEC];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (k0 + u * step < end) rs.load(k0 + u * step, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (k0 + u * step < end) use(k0 + u * step, v[u]);
+    }
+  }
+}
+
+// Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin) and
+// returns this thread's (m, d) over them. Each thread later reads back only the
+// slots it wrote, so the cache needs no barrier of its own.
+template <typename T, int VEC>
+PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
+                                                       Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  C m = ps_neg_inf<C>();
+  for_each_slot<4>(rs, begin, end, [&](i64 k, const C* v) {
+    Vec<T, VEC> raw;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
+    cache[k - begin] = raw;
+  });
+  C d = C(0);
+  if (m != ps_neg_inf<C>()) {
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
+    }
+  }
+  MD<C> md = {m, d};
+  return md;
+}
+
+template <int OP, typename T, int VEC>
+PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const Vec<T, VEC>* cache,
+                                const RowFinish<OP, T>& f) {
+  typedef typename compute_of<T>::type C;
+  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+    C v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
+    rs.store(k, v);
+  }
+}
+
 // ---- tier 3: a block per row, row cached in shared memory ----------------
-// Each thread caches the slots it reads and later reads back only those, so
-// the cache needs no barrier of its own; the (m, d) reduction has them.
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
                           Vec<T, VEC>* cache) {
-  typedef typename compute_of<T>::type C;
   for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    C m = ps_neg_inf<C>();
-    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      rs.load(k, v);
-      Vec<T, VEC> raw;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
-      cache[k] = raw;
-    }
-    C d = C(0);
-    if (m != ps_neg_inf<C>()) {
-      for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) d += ps_exp(to_compute(cache[k].v[j]) - m);
-      }
-    }
-    MD<C> own = {m, d};
-    const RowFinish<OP, C> f(md_reduce_block<WARP>(own), safe != 0);
-    for (i64 k = PS_THREAD_X; k < rs.slots; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k].v[j]));
-      rs.store(k, v);
-    }
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(cache_chunk(rs, 0, rs.slots, cache)), safe != 0);
+    store_from_cache(rs, 0, rs.slots, cache, f);
   }
 }
 
@@ -231,13 +335,12 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
 template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
   typedef typename compute_of<T>::type C;
-  MD<C> md = md_identity<C>();
-  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-    C v[VEC];
-    rs.load(k, v);
-    md = md_combine(md, md_of<C, VEC>(v));
-  }
-  return md;
+  OnlineSum<C> acc;
+  for_each_slot<4>(rs, begin, end, [&](i64, const C* v) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc.push(v[j]);
+  });
+  return acc.md();
 }
 
 template <typename T, int WARP, int VEC>
@@ -265,39 +368,121 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
       MD<C> part = {partials[2 * (row * chunks + c)], partials[2 * (row * chunks + c) + 1]};
       md = md_combine(md, part);
     }
-    const RowFinish<OP, C> f(md_reduce_block<WARP>(md), safe != 0);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(md), safe != 0);
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      rs.load(k, v);
-      finish_slot<OP, C, VEC>(f, v);
+    // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
+    for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, C* v) {
+      finish_slot<OP, T, VEC>(f, v);
       rs.store(k, v);
+    });
+  }
+}
+
+// ---- tier 4, on chip: a row split across co-resident blocks -------------------
+// Each block caches its chunk in shared memory, publishes the chunk's (m, d) and
+// waits only for the other chunks of the same row, then normalises from the cache:
+// one read and one write of the row. The launch keeps every block resident
+// (rows advance in rounds of gridDim / chunks), so the wait always ends.
+// `arrivals` (one counter per row) is zero before the launch.
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
+                            i64 rows, i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks,
+                            int safe, Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  const i64 rows_per_round = PS_GRID_DIM_X / chunks;
+  const i64 chunk = PS_BLOCK_X % chunks;
+  if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
+  for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
+    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+    const i64 begin = chunk * chunk_slots;
+    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    const MD<C> part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
+    if (PS_THREAD_X == 0) {
+      volatile C* slot = partials + 2 * (row * chunks + chunk);
+      slot[0] = part.m;
+      slot[1] = part.d;
+      PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
+      PS_ATOMIC_ADD(arrivals + row, 1u);
+      while (PS_ATOMIC_ADD(arrivals + row, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
+      PS_THREAD_FENCE();
     }
+    PS_SYNC();
+    MD<C> md = md_identity<C>();
+    for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
+      const volatile C* slot = partials + 2 * (row * chunks + c);
+      MD<C> other = {slot[0], slot[1]};
+      md = md_combine(md, other);
+    }
+    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md_reduce_block<WARP>(md), safe != 0));
   }
 }
 
 // ---- reduction over a non-last axis -------------------------------------------
-// The tensor is (outer, cols, inner); one thread per (outer, inner) position walks
-// the reduced axis, so neighbouring threads touch neighbouring inner elements.
+// The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
+// inner positions (coalesced loads) and splits the reduced axis among
+// blockDim / inner_tile column groups, whose (m, d) pairs merge in shared memory.
 template <typename T, int OP>
 PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
-                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int safe) {
+                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int inner_tile, int safe) {
   typedef typename compute_of<T>::type C;
-  const i64 lines = outer * inner;
-  for (i64 t = (i64)PS_BLOCK_X * PS_BLOCK_DIM_X + PS_THREAD_X; t < lines;
-       t += (i64)PS_GRID_DIM_X * PS_BLOCK_DIM_X) {
-    const i64 o = t / inner, i = t % inner;
+  PS_SHARED C part_m[1024];
+  PS_SHARED C part_d[1024];
+  const int tx = PS_THREAD_X % inner_tile;
+  const int ty = PS_THREAD_X / inner_tile;
+  const int groups = PS_BLOCK_DIM_X / inner_tile;
+  const i64 tiles_per_outer = (inner + inner_tile - 1) / inner_tile;
+  for (i64 tile = PS_BLOCK_X; tile < outer * tiles_per_outer; tile += PS_GRID_DIM_X) {
+    const i64 o = tile / tiles_per_outer;
+    const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
+    const bool active = i < inner;
     const T* xl = x + o * xs_outer + i * xs_inner;
-    T* yl = y + o * ys_outer + i * ys_inner;
-    MD<C> md = md_identity<C>();
-    for (i64 c = 0; c < cols; ++c) {
-      C v = to_compute(xl[c * xs_col]);
-      md = md_combine(md, md_of<C, 1>(&v));
+    OnlineSum<C> acc;
+    const int kDepth = 4;  // loads in flight per thread before their dependent use
+    if (active) {
+      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+        C v[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (c0 + u * groups < cols) v[u] = to_compute(xl[(c0 + u * groups) * xs_col]);
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (c0 + u * groups < cols) acc.push(v[u]);
+        }
+      }
     }
-    const RowFinish<OP, C> f(md, safe != 0);
-    for (i64 c = 0; c < cols; ++c) yl[c * ys_col] = from_compute<T>(f(to_compute(xl[c * xs_col])));
+    part_m[PS_THREAD_X] = acc.m;
+    part_d[PS_THREAD_X] = acc.d;
+    PS_SYNC();
+    if (ty == 0) {  // each thread merges the groups of its own inner position
+      MD<C> md = md_identity<C>();
+      for (int g = 0; g < groups; ++g) {
+        MD<C> part = {part_m[g * inner_tile + tx], part_d[g * inner_tile + tx]};
+        md = md_combine(md, part);
+      }
+      part_m[tx] = md.m;
+      part_d[tx] = md.d;
+    }
+    PS_SYNC();
+    MD<C> total = {part_m[tx], part_d[tx]};
+    PS_SYNC();  // the next tile reuses the scratch
+    if (active) {
+      const RowFinish<OP, T> f(total, safe != 0);
+      T* yl = y + o * ys_outer + i * ys_inner;
+      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+        C v[kDepth];  // all loads before the first store, which might alias them (in place)
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (c0 + u * groups < cols) v[u] = to_compute(xl[(c0 + u * groups) * xs_col]);
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (c0 + u * groups < cols) yl[(c0 + u * groups) * ys_col] = from_compute<T>(f(v[u]));
+        }
+      }
+    }
   }
 }
 
@@ -309,32 +494,47 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V(            \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
     ps::warp_rows<T, OP, W, L, S, V>(x, y, rows, cols, xs, ys, safe);                                \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V)
 
 #define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_block_##DT##_##OPN##_w##W##_v##V(                          \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::block_rows<T, OP, W, V>(x, y, rows, cols, xs, ys, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_block_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_##DT##_##OPN##_w##W##_v##V(               \
       const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                                  \
     ps::split_normalize<T, OP, W, V>(x, y, partials, rows, cols, xs, ys, chunk_slots, chunks, safe); \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_normalize_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_PARTIALS_ENTRY(DT, T, W, V)                                                               \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_partials_##DT##_w##W##_v##V(                        \
       const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs,            \
       ps::i64 chunk_slots, ps::i64 chunks) {                                                         \
     ps::split_partials<T, W, V>(x, partials, rows, cols, xs, chunk_slots, chunks);                  \
-  }
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
 
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_strided_##DT##_##OPN(                                      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
-      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
-    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);          \
-  }
+      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile, int safe) {                \
+    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
+
+#define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_cached_##DT##_##OPN##_w##W##_v##V(                  \
+      const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 rows, ps::i64 cols,\
+      ps::i64 xs, ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                       \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::split_cached<T, OP, W, V>(x, y, partials, arrivals, rows, cols, xs, ys, chunk_slots, chunks, safe, \
+                                  reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                        \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
