@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _probe
 from ._arrays import DeviceArray, Host, classify, element_misalign, host_view
+from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
 from .reference import compute_on_host
@@ -137,17 +138,11 @@ def run_host_array(rt, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndar
     axis = normalize_axis(axis, x.ndim)
     shape, strides = host_view(x)
     layout = describe(shape, strides, axis)
-    dtype = src_dtype(x)
+    dtype = storage_name(x.dtype)
     device = rt.current_device()
     # Staging buffers are 256-byte aligned, so both sides start aligned.
     problem = problem_for(dtype, op, safe, layout, layout, 0, 0)
     return rt.run_host(x, plan(problem, rt.profile(device)), dtype, device)
-
-
-def src_dtype(x: np.ndarray) -> str:
-    from ._dtypes import storage_name
-
-    return storage_name(x.dtype)
 
 
 # ---- device arrays -------------------------------------------------------------------------
