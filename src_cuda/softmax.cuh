@@ -131,19 +131,21 @@ template <typename T, int VEC> struct RowSlots {
   PS_DEVICE bool full(i64 k) const { return k * VEC - pad >= 0 && k * VEC - pad + VEC <= cols; }
 
   // Out-of-row elements read as -inf, which adds nothing to (m, d).
-  PS_DEVICE void load(i64 k, C* v) const {
+  PS_DEVICE Vec<T, VEC> load_raw(i64 k) const {
     const i64 first = k * VEC - pad;
-    if (full(k)) {
-      const Vec<T, VEC> raw = *reinterpret_cast<const Vec<T, VEC>*>(x + first);
+    if (full(k)) return *reinterpret_cast<const Vec<T, VEC>*>(x + first);
+    Vec<T, VEC> raw;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const i64 i = first + j;
-        v[j] = (i >= 0 && i < cols) ? to_compute(x[i]) : ps_neg_inf<C>();
-      }
+    for (int j = 0; j < VEC; ++j) {
+      const i64 i = first + j;
+      raw.v[j] = (i >= 0 && i < cols) ? x[i] : from_compute<T>(ps_neg_inf<C>());
     }
+    return raw;
+  }
+  PS_DEVICE void load(i64 k, C* v) const {
+    const Vec<T, VEC> raw = load_raw(k);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
   }
   PS_DEVICE void store(i64 k, const C* v) const {
     const i64 first = k * VEC - pad;
@@ -260,38 +262,37 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
 }
 
 // ---- streaming a thread's slots of a row --------------------------------------
-// Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time: all DEPTH loads
-// are issued before the first use, so a thread keeps several requests in flight
-// (a store to shared memory in between would otherwise order each load after it).
+// Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time, as stored
+// (no conversion): all DEPTH loads are issued before the first use, so a thread keeps
+// several requests in flight (a store to shared memory in between would otherwise
+// order each load after it).
 template <int DEPTH, typename T, int VEC, typename F>
 PS_DEVICE void for_each_slot(const RowSlots<T, VEC>& rs, i64 begin, i64 end, F&& use) {
-  typedef typename compute_of<T>::type C;
   const i64 step = PS_BLOCK_DIM_X;
   for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += DEPTH * step) {
-    C v[DEPTH][VEC];
+    Vec<T, VEC> raw[DEPTH];
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
-      if (k0 + u * step < end) rs.load(k0 + u * step, v[u]);
+      if (k0 + u * step < end) raw[u] = rs.load_raw(k0 + u * step);
     }
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
-      if (k0 + u * step < end) use(k0 + u * step, v[u]);
+      if (k0 + u * step < end) use(k0 + u * step, raw[u]);
     }
   }
 }
 
-// Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin) and
-// returns this thread's (m, d) over them. Each thread later reads back only the
-// slots it wrote, so the cache needs no barrier of its own.
+// Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
+// stored, and returns this thread's (m, d) over them. Each thread later reads back
+// only the slots it wrote, so the cache needs no barrier of its own.
 template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
                                                        Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
   C m = ps_neg_inf<C>();
-  for_each_slot<4>(rs, begin, end, [&](i64 k, const C* v) {
-    Vec<T, VEC> raw;
+  for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) { raw.v[j] = from_compute<T>(v[j]); m = max_nan(m, v[j]); }
+    for (int j = 0; j < VEC; ++j) m = max_nan(m, to_compute(raw.v[j]));
     cache[k - begin] = raw;
   });
   C d = C(0);
@@ -335,9 +336,9 @@ template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
-  for_each_slot<4>(rs, begin, end, [&](i64, const C* v) {
+  for_each_slot<4>(rs, begin, end, [&](i64, const Vec<T, VEC>& raw) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc.push(v[j]);
+    for (int j = 0; j < VEC; ++j) acc.push(to_compute(raw.v[j]));
   });
   return acc.md();
 }
@@ -372,7 +373,10 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
     // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
-    for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, C* v) {
+    for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
+      C v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
       finish_slot<OP, T, VEC>(f, v);
       rs.store(k, v);
     });
