@@ -206,8 +206,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     block_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 2) - static_bytes
     few_rows = p.rows < device.multiprocessors
     if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
-        # About 32 elements a thread: 16-bit rows get as many threads as float32 rows of equal length.
-        threads = min(device.max_threads_per_block, max(4 * warp, ceil(slots * vec / 32 / warp) * warp))
+        threads = min(device.max_threads_per_block, max(4 * warp, ceil(slots / 8 / warp) * warp))
         per_sm = max(1, min(device.max_threads_per_multiprocessor // threads,
                             device.shared_mem_per_multiprocessor // (cache_bytes + static_bytes)))
         launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _grid(p.rows, device, per_sm), threads,
