@@ -150,11 +150,20 @@ def render_table(results: list[Result], title: str):
 
 
 def markdown_table(results: list[Result]) -> str:
-    lines = ["| dtype | op | shape | copy GB/s | ours GB/s | ours % of copy | torch % of copy |",
-             "|---|---|---|---|---|---|---|"]
+    """One row per (dtype, shape): each op as % of the copy, beside torch's."""
+    ops = sorted({r.op for r in results}, key=["softmax", "log_softmax"].index)
+    head = "| dtype | shape | " + " | ".join(f"{op} % of copy | torch.{op} %" for op in ops) + " | copy GB/s |"
+    lines = [head, "|---" * (3 + 2 * len(ops)) + "|"]
+    by_shape: dict = {}
     for r in results:
-        lines.append(f"| {r.dtype} | {r.op} | {'x'.join(map(str, r.shape))} | {r.copy_gbs:.0f} | {r.ours_gbs:.0f} "
-                     f"| {r.ours_pct_of_copy:.0f} | {r.torch_pct_of_copy:.0f} |")
+        by_shape.setdefault((r.dtype, r.shape, r.axis), {})[r.op] = r
+    for (dtype, shape, _), rs in by_shape.items():
+        cells = []
+        for op in ops:
+            r = rs.get(op)
+            cells += [f"{r.ours_pct_of_copy:.0f}", f"{r.torch_pct_of_copy:.0f}"] if r else ["-", "-"]
+        copy = next(iter(rs.values())).copy_gbs
+        lines.append(f"| {dtype} | {'x'.join(map(str, shape))} | " + " | ".join(cells) + f" | {copy:.0f} |")
     return "\n".join(lines)
 
 
