@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
-from .planner import PTR, DeviceProfile, Plan
+from .planner import PTR, DeviceProfile, Plan, one_wave
 
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024
@@ -148,21 +148,13 @@ class CudaRuntime:
         return launcher
 
     def resident_grid(self, fn: int, step, device: int) -> int:
-        """The launch's grid cut to one wave of resident blocks.
-
-        Every kernel loops over its work with a grid stride, so one full wave does it all
-        without a half-empty last wave; blocks of a cooperative launch wait on each other
-        and must all be resident."""
+        """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""
         key = (fn, step.block, step.shared_mem)
         per_sm = self._occupancy.get(key)
         if per_sm is None:
             per_sm = self.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, step.block, step.shared_mem)
             self._occupancy[key] = per_sm
-        resident = per_sm * self.profile(device).multiprocessors
-        if resident < step.min_grid:
-            raise RuntimeError(f"{step.kernel} needs {step.min_grid} resident blocks; the device holds {resident}")
-        grid = min(step.grid, resident)
-        return grid - grid % step.min_grid
+        return one_wave(step, per_sm, self.profile(device).multiprocessors)
 
     def run_host(self, x: np.ndarray, plan: Plan, dtype: str, device: int) -> np.ndarray:
         """A C-contiguous host array through pinned buffers and async copies on the current stream."""

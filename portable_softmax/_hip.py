@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
-from .planner import PTR, DeviceProfile, Launch, Plan
+from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
 HIP_SUCCESS = 0
@@ -518,22 +518,14 @@ class HipRuntime:
         return launcher
 
     def resident_grid(self, fn, step: Launch, device: int) -> int:
-        """The launch's grid cut to one wave of resident blocks.
-
-        Every kernel loops over its work with a grid stride, so one full wave does it all
-        without a half-empty last wave; blocks of a cooperative launch wait on each other
-        and must all be resident."""
+        """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""
         key = (device, step.kernel, step.block, step.shared_mem)
         per_cu = self._occupancy.get(key)
         if per_cu is None:
             per_cu = int(self._call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn, step.block,
                                     step.shared_mem))
             self._occupancy[key] = per_cu
-        resident = per_cu * self.profile(device).multiprocessors
-        if resident < step.min_grid:
-            raise RuntimeError(f"{step.kernel} needs {step.min_grid} resident blocks; the device holds {resident}")
-        grid = min(step.grid, resident)
-        return grid - grid % step.min_grid
+        return one_wave(step, per_cu, self.profile(device).multiprocessors)
 
     def _stream(self, device: int):
         s = self._streams.get(device)

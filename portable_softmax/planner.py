@@ -120,6 +120,20 @@ class PlanError(ValueError):
     pass
 
 
+def one_wave(launch: Launch, blocks_per_multiprocessor: int, multiprocessors: int) -> int:
+    """The launch's grid cut to one wave of resident blocks.
+
+    Every kernel loops over its work with a grid stride, so one full wave does it all without
+    a half-empty last wave; blocks of a cooperative launch wait on each other and must all be
+    resident, in whole rows of min_grid blocks.
+    """
+    resident = blocks_per_multiprocessor * multiprocessors
+    if resident < launch.min_grid:
+        raise PlanError(f"{launch.kernel} needs {launch.min_grid} resident blocks; the device holds {resident}")
+    grid = min(launch.grid, resident)
+    return grid - grid % launch.min_grid
+
+
 def _check_common(dtype: str, op: str, device: DeviceProfile) -> None:
     if dtype not in V.DTYPES:
         raise PlanError(f"dtype {dtype!r} has no kernels; supported: {', '.join(V.DTYPES)}")

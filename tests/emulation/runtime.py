@@ -17,7 +17,7 @@ import numpy as np
 
 from portable_softmax import _variants as V
 from portable_softmax._launch import PackedArgs
-from portable_softmax.planner import I32, I64, PTR, DeviceProfile, Plan
+from portable_softmax.planner import I32, I64, PTR, DeviceProfile, Plan, PlanError, one_wave
 
 from .build import SRC_CUDA, BuildError, build_library
 
@@ -167,11 +167,10 @@ class EmulatedRuntime:
         static_bytes = 2 * (1024 // p.warp_size) * 8 + 1024
         per_multiprocessor = min(p.max_threads_per_multiprocessor // step.block,
                                  p.shared_mem_per_multiprocessor // (step.shared_mem + static_bytes))
-        resident = per_multiprocessor * p.multiprocessors
-        if resident < step.min_grid:
-            raise EmulationError(f"{step.kernel} needs {step.min_grid} resident blocks; the profile holds {resident}")
-        grid = min(step.grid, resident)
-        return grid - grid % step.min_grid
+        try:
+            return one_wave(step, per_multiprocessor, p.multiprocessors)
+        except PlanError as exc:
+            raise EmulationError(str(exc)) from exc
 
     def _check_fits(self, step) -> None:
         """A launch a real device of this profile would refuse is a planner bug."""
