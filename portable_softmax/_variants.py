@@ -71,11 +71,22 @@ class WarpVariant:
         return f"ps_warp_{tag}_{self.op}_w{self.warp}_l{self.lanes}_s{self.slots}_v{self.vec}"
 
 
+#: scalar rows up to this many elements are taken by one thread each, with no shuffles
+THREAD_ROW_SLOTS = 8
+
+
+def thread_row_variants(dtype: str, op: str, warp: int) -> list[WarpVariant]:
+    """One lane per scalar row of 2..THREAD_ROW_SLOTS elements: tiny rows that start at
+    varying offsets cost fewer instructions this way than spread over lanes."""
+    return [WarpVariant(dtype, op, warp, 1, s, 1) for s in pow2_upto(THREAD_ROW_SLOTS) if s > 1]
+
+
 def warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]:
-    """Lane groups 1..WARP holding one slot each, then whole warps holding 2.. slots."""
+    """Lane groups 1..WARP holding one slot each, then whole warps holding 2.. slots
+    (and, for scalar slots, single lanes holding a short row)."""
     groups = [WarpVariant(dtype, op, warp, lanes, 1, vec) for lanes in pow2_upto(warp)]
     deep = [WarpVariant(dtype, op, warp, warp, s, vec) for s in pow2_upto(max_slots(dtype, vec)) if s > 1]
-    return groups + deep
+    return groups + deep + (thread_row_variants(dtype, op, warp) if vec == 1 else [])
 
 
 def block_name(dtype: str, op: str, warp: int, vec: int) -> str:

@@ -173,7 +173,10 @@ def slots_needed(p: RowProblem, vec: int) -> int:
 
 
 def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVariant | None:
-    for v in V.warp_variants(p.dtype, p.op, warp, vec):
+    candidates = V.warp_variants(p.dtype, p.op, warp, vec)
+    if vec == 1 and slots <= V.THREAD_ROW_SLOTS:  # tiny scalar rows: a lane each, no shuffles
+        candidates = [v for v in candidates if v.lanes == 1]
+    for v in candidates:
         if v.lanes * v.slots >= slots:
             return v
     return None
