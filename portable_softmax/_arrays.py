@@ -60,6 +60,14 @@ class DeviceArray:
         return y
 
 
+def torch_current_stream(torch, device_index: int) -> int:
+    """torch's current stream on a device, as a raw handle (no Stream object per call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 class TorchDevice(DeviceArray):
     def __init__(self, t):
         import torch
@@ -80,10 +88,7 @@ class TorchDevice(DeviceArray):
         return buf.data_ptr(), buf
 
     def stream(self):
-        raw = getattr(self.torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
-        if raw is not None:
-            return raw(self.device_index)
-        return self.torch.cuda.current_stream(self.device_index).cuda_stream
+        return torch_current_stream(self.torch, self.device_index)
 
     def contiguous(self):
         return TorchDevice(self.array.contiguous())

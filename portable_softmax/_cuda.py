@@ -39,6 +39,7 @@ class CudaRuntime:
         self._modules: dict[tuple[int, str], Any] = {}
         self._functions: dict[tuple[int, str], int] = {}
         self._occupancy: dict[tuple[int, int, int], int] = {}
+        self._dynamic_shared_limit: dict[int, int] = {}
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
 
     # ---- probe ---------------------------------------------------------------------
@@ -102,8 +103,9 @@ class CudaRuntime:
             kernel = self._module(device, dtype).get_function(name)  # a RawKernel around a driver Function
             ptr = kernel.kernel.ptr
             self._functions[key] = ptr
-        if shared_mem > _DEFAULT_DYNAMIC_SHARED:
+        if shared_mem > self._dynamic_shared_limit.get(ptr, _DEFAULT_DYNAMIC_SHARED):
             self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)
+            self._dynamic_shared_limit[ptr] = shared_mem  # raised once, not on every launch
         return ptr
 
     def kernel_source(self, device: int, dtype: str) -> str:

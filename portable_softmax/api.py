@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _probe
-from ._arrays import DeviceArray, Host, classify, element_misalign, host_view
+from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_current_stream
 from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
@@ -165,21 +165,18 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
         if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows):
             target = dst
     if target is None:
-        y = src.empty(shape)
-        yl = describe(shape, tuple(_element_strides(y)), axis)
-        y_ptr, y_obj = _pointer(y), y
-    else:
-        y_ptr, y_obj = target.ptr, target.array
-    problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, y_ptr)
+        target = type(src)(src.empty(shape))  # a fresh C-contiguous output, read like the input
+        yl = describe(shape, target.strides, axis)
+    problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, target.ptr)
     the_plan = plan(problem, rt.profile(src.device_index))
-    _launch(rt, src, the_plan, y_ptr)
+    _launch(rt, src, the_plan, target.ptr)
     if dst is None and not the_plan.scratch and src.array is original and _is_torch_cuda(original):
         _remember(original, axis, op, safe, rt.prepare(the_plan, src.dtype, src.device_index))
     if dst is not None:
-        if target is None:
-            type(src)(y_obj).copy_into(dst.array)
+        if target is not dst:
+            target.copy_into(dst.array)
         return out
-    return src.result(y_obj)
+    return src.result(target.array)
 
 
 def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
@@ -190,16 +187,6 @@ def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
         keep.append(buf)
     rt.launch(the_plan, src.dtype, buffers, src.stream(), src.device_index)
     del keep  # stream-ordered allocators reuse scratch only after the launches above
-
-
-def _element_strides(y) -> tuple[int, ...]:
-    if hasattr(y, "data_ptr"):
-        return tuple(y.stride())
-    return tuple(s // y.itemsize for s in y.strides)
-
-
-def _pointer(y) -> int:
-    return y.data_ptr() if hasattr(y, "data_ptr") else y.data.ptr
 
 
 # ---- the repeat-call path for torch CUDA tensors -------------------------------------------
@@ -243,12 +230,5 @@ def _run_prepared(x, axis, op, safe):
     import torch
 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launcher(x.data_ptr(), y.data_ptr(), _torch_stream(x.device.index))
+    launcher(x.data_ptr(), y.data_ptr(), torch_current_stream(torch, x.device.index))
     return y
-
-
-def _torch_stream(index: int) -> int:
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
