@@ -48,19 +48,29 @@ template <typename C, int N> PS_DEVICE MD<C> md_of(const C* v) {
   return r;
 }
 
-// Streaming (m, d) of values seen one at a time: the sum is rescaled only when
+// Streaming (m, d) of values seen a few at a time: the sum is rescaled only when
 // the max grows, and compensated (Kahan) so long runs keep float32 accuracy.
 template <typename C> struct OnlineSum {
   C m, d, carry;
   PS_DEVICE OnlineSum() : m(ps_neg_inf<C>()), d(C(0)), carry(C(0)) {}
-  PS_DEVICE void push(C v) {
-    if (v > m || v != v) {  // a new max, or NaN, which then reaches every output
-      const C scale = m == ps_neg_inf<C>() ? C(0) : ps_exp(m - v);
+  // N values at once: one rescale at most, one exp per value, one compensated add.
+  template <int N> PS_DEVICE void push_all(const C* v) {
+    C top = v[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) top = max_nan(top, v[j]);
+    if (top > m || top != top) {
+      const C scale = m == ps_neg_inf<C>() ? C(0) : ps_exp(m - top);
       d *= scale;
       carry *= scale;
-      m = v;
+      m = top;
     }
-    const C term = m == ps_neg_inf<C>() ? C(0) : ps_exp(v - m);
+    if (m == ps_neg_inf<C>()) return;  // nothing but -inf so far
+    C sum = C(0);
+#pragma unroll
+    for (int j = 0; j < N; ++j) sum += ps_exp(v[j] - m);
+    add(sum);
+  }
+  PS_DEVICE void add(C term) {  // Kahan
     const C y = term - carry;
     const C t = d + y;
     carry = (t - d) - y;
@@ -338,8 +348,10 @@ PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, 
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
   for_each_slot<4>(rs, begin, end, [&](i64, const Vec<T, VEC>& raw) {
+    C v[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc.push(to_compute(raw.v[j]));
+    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    acc.template push_all<VEC>(v);
   });
   return acc.md();
 }
@@ -449,12 +461,9 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
         C v[kDepth];
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) {
-          if (c0 + u * groups < cols) v[u] = to_compute(xl[(c0 + u * groups) * xs_col]);
+          v[u] = c0 + u * groups < cols ? to_compute(xl[(c0 + u * groups) * xs_col]) : ps_neg_inf<C>();
         }
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          if (c0 + u * groups < cols) acc.push(v[u]);
-        }
+        acc.template push_all<kDepth>(v);
       }
     }
     part_m[PS_THREAD_X] = acc.m;
