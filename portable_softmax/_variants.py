@@ -109,8 +109,18 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
+def staged_name(dtype: str, op: str) -> str:
+    """Contiguous short rows staged through shared memory (widest vectors; no shuffles)."""
+    return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
+
+
+def warp_free_names(dtype: str) -> list[str]:
+    """The kernels of one dtype that use no shuffles, built once for every warp size."""
+    return [name(dtype, op) for op in OPS for name in (strided_name, staged_name)]
+
+
 def entry_names(dtype: str, warp: int) -> list[str]:
-    """Every extern "C" kernel of one dtype at one warp size (strided ones excluded)."""
+    """Every extern "C" kernel of one dtype at one warp size (warp_free_names excluded)."""
     names = []
     for vec in vector_widths(dtype):
         names.append(split_partials_name(dtype, warp, vec))
@@ -149,6 +159,7 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
+        out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)
     out.append("#if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA")
     out += _entry_lines(dtype, 64)

@@ -328,6 +328,43 @@ PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, 
   }
 }
 
+// ---- tier 1, staged: contiguous short rows through shared memory -------------------
+// Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
+// When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
+// with aligned vectors into shared memory, a thread takes each row from there (max, then
+// sum of exps) and writes its outputs back, and the block stores the span with vectors.
+template <typename T, int OP, int VEC>
+PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
+    const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
+    const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
+    for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
+    PS_SYNC();
+    T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
+    for (i64 r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
+      T* row = tile + r * cols;
+      C m = ps_neg_inf<C>();
+      for (i64 c = 0; c < cols; ++c) m = max_nan(m, to_compute(row[c]));
+      C d = C(0);
+      if (m != ps_neg_inf<C>()) {
+        for (i64 c = 0; c < cols; ++c) d += exp_for<T>(to_compute(row[c]) - m);
+      }
+      MD<C> md = {m, d};
+      const RowFinish<OP, T> f(md, safe != 0);
+      for (i64 c = 0; c < cols; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
+    }
+    PS_SYNC();
+    for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
+      C v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = to_compute(cache[k].v[j]);
+      span.store(k, v);
+    }
+    PS_SYNC();  // the next span reuses the tile
+  }
+}
+
 // ---- tier 3: a block per row, row cached in shared memory ----------------
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
@@ -550,3 +587,11 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
                                   reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                        \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
+
+#define PS_STAGED_ENTRY(DT, T, OPN, OP, V)                                                           \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_v##V(                                \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::staged_rows<T, OP, V>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)

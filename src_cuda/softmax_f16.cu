@@ -3,7 +3,9 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f16, half_t, softmax, ps::kSoftmax)
+PS_STAGED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 8)
 PS_STRIDED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax)
+PS_STAGED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 8)
 PS_PARTIALS_ENTRY(f16, half_t, 32, 1)
 PS_WARP_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 1, 1, 1)
 PS_WARP_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 2, 1, 1)

@@ -17,7 +17,7 @@ ROWS = (1, 7, 128, 100000, 1 << 22)
 
 
 def _compiled_names(dtype: str, warp: int) -> set[str]:
-    return set(V.entry_names(dtype, warp)) | {V.strided_name(dtype, op) for op in V.OPS}
+    return set(V.entry_names(dtype, warp)) | set(V.warp_free_names(dtype))
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -32,11 +32,17 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
         tiers.add(p.tier)
         for launch in p.launches:
             assert launch.kernel in names, launch.kernel
-            assert f"_w{device.warp_size}_" in launch.kernel
+            assert f"_w{device.warp_size}_" in launch.kernel or launch.kernel in V.warp_free_names(dtype)
             assert 0 < launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
             assert 0 < launch.grid <= device.max_grid_x
             static = 2 * (1024 // device.warp_size) * 8
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
+        if p.tier == "staged":  # a step's span of rows fits the shared memory it asks for
+            (launch,) = p.launches
+            tile_rows = p.notes["tile_rows"]
+            assert tile_rows >= min(rows, launch.block), "every thread owns a row"
+            assert launch.shared_mem >= tile_rows * cols * V.DTYPES[dtype][2] + misalign * V.DTYPES[dtype][2]
+            assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
             (launch,) = p.launches
             v = next(w for w in V.warp_variants(dtype, op, device.warp_size, p.notes["vec"]) if w.name == launch.kernel)
@@ -49,13 +55,27 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
-    assert tiers == {"warp", "block", "cached", "split"}
+    assert tiers == {"staged", "warp", "block", "cached", "split"}
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_tiny_rows_pack_several_rows_per_warp(device):
-    p = plan(RowProblem("float32", "softmax", 4096, 8), device)
+    p = plan(RowProblem("float32", "softmax", 4096, 8, x_stride=12, y_stride=12), device)
     assert p.tier == "warp" and "_l2_s1_v4" in p.launches[0].kernel  # 2 lanes x 4 floats per row
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_contiguous_short_rows_are_staged_as_one_span(device):
+    for cols in (5, 7, 100):
+        p = plan(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
+        assert p.tier == "staged" and p.notes["vec"] == 8  # any common offset: 16-byte vectors
+        assert p.launches[0].block * 64 <= p.notes["tile_rows"] * cols * 2 + 16 * 8
+    padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
+    mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
+    whole_vectors = plan(RowProblem("float32", "softmax", 1 << 20, 100), device)
+    tiny = plan(RowProblem("float16", "softmax", 1 << 20, 3), device)
+    long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
+    assert {padded.tier, mixed.tier, whole_vectors.tier, tiny.tier, long.tier} == {"warp"}
 
 
 def test_warp_64_holds_twice_the_row_of_warp_32():
