@@ -192,7 +192,7 @@ STAGED_MAX_ROW_BYTES = 512
 STAGED_BYTES_PER_THREAD = 64
 
 
-def _staged_launch(p: RowProblem, device: DeviceProfile) -> Launch | None:
+def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
     Rows whose input and output are both contiguous and share their misalignment qualify
@@ -216,8 +216,9 @@ def _staged_launch(p: RowProblem, device: DeviceProfile) -> Launch | None:
             return None
     shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
     per_sm = max(1, device.shared_mem_per_multiprocessor // (shared + 1024))
-    return Launch(V.staged_name(p.dtype, p.op), _grid(ceil(p.rows / tile_rows), device, per_sm), threads, shared,
-                  (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, _safe(p))))
+    launch = Launch(V.staged_name(p.dtype, p.op), _grid(ceil(p.rows / tile_rows), device, per_sm), threads, shared,
+                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, _safe(p))))
+    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
 
 
 def _safe(p) -> int:
@@ -236,6 +237,9 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
+    staged = _plan_staged(p, device)
+    if staged is not None:
+        return staged
     warp = device.warp_size
     vec = choose_vec(p)
     slots = slots_needed(p, vec)
@@ -243,11 +247,6 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))
     itemsize = V.DTYPES[p.dtype][2]
     notes = {"vec": vec, "slots": slots}
-
-    staged = _staged_launch(p, device)
-    if staged is not None:
-        notes.update(vec=V.vector_widths(p.dtype)[1], tile_rows=staged.args[4][1])
-        return Plan("staged", (staged,), notes=notes)
 
     variant = _warp_variant(p, warp, vec, slots)
     if variant is not None:
