@@ -109,14 +109,30 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
-def staged_name(dtype: str, op: str) -> str:
-    """Contiguous short rows staged through shared memory (widest vectors; no shuffles)."""
-    return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
+#: lanes per row of the staged tier: 1 (a thread per row) up to 32, within a warp of either size
+STAGED_LANES = (1, 4, 8, 16, 32)
+
+
+def staged_name(dtype: str, op: str, lanes: int) -> str:
+    """Contiguous short rows staged through shared memory (widest vectors), `lanes` lanes a row."""
+    return f"ps_staged_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
+
+
+#: row lengths of the packed tier: a thread holds lcm(cols, 16-byte vector) values of whole rows
+PACKED_COLS = tuple(range(1, 9))
+
+
+def packed_name(dtype: str, op: str, cols: int) -> str:
+    """Contiguous rows of `cols` elements, whole rows inside a thread's 16-byte vectors."""
+    return f"ps_packed_{DTYPES[dtype][0]}_{op}_c{cols}_v{vector_widths(dtype)[1]}"
 
 
 def warp_free_names(dtype: str) -> list[str]:
-    """The kernels of one dtype that use no shuffles, built once for every warp size."""
-    return [name(dtype, op) for op in OPS for name in (strided_name, staged_name)]
+    """The kernels of one dtype built once for every warp size: no shuffles, or shuffles within
+    groups of at most 32 lanes."""
+    names = [strided_name(dtype, op) for op in OPS]
+    names += [staged_name(dtype, op, lanes) for op in OPS for lanes in STAGED_LANES]
+    return names + [packed_name(dtype, op, cols) for op in OPS for cols in PACKED_COLS]
 
 
 def entry_names(dtype: str, warp: int) -> list[str]:
@@ -159,7 +175,10 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
-        out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
+        for lanes in STAGED_LANES:
+            out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {lanes}, {vector_widths(dtype)[1]})")
+        for cols in PACKED_COLS:
+            out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)
     out.append("#if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA")
     out += _entry_lines(dtype, 64)

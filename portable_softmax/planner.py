@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from math import ceil
+from math import ceil, lcm
 
 from . import _variants as V
 
@@ -188,37 +188,88 @@ def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVaria
 #: vectors (8, 32, 128 columns) and of 1-4 elements are faster in the register tier.
 STAGED_MIN_COLS = 5
 STAGED_MAX_ROW_BYTES = 512
+#: rows of whole 16-byte vectors are staged too (else they stay in the register tier)
+STAGED_WHOLE_VECTORS = False
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
+#: elements a lane of a staged row group takes, at least (fewer lanes a row below that)
+STAGED_VALUES_PER_LANE = 4
+#: threads per block of the staged tier when a row has a lane group
+STAGED_GROUP_THREADS = 256
+
+
+def staged_lanes(cols: int) -> int:
+    """Lanes per staged row: the most of V.STAGED_LANES that leave each STAGED_VALUES_PER_LANE elements."""
+    return max(lanes for lanes in V.STAGED_LANES if lanes == 1 or lanes * STAGED_VALUES_PER_LANE <= cols)
 
 
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
     Rows whose input and output are both contiguous and share their misalignment qualify
-    (and whose length would leave the register tier partial or scalar vectors);
-    a step takes enough rows that every thread moves STAGED_BYTES_PER_THREAD of the span and
-    owns at least one row.
+    (and whose length would leave the register tier partial or scalar vectors). A step takes
+    whole rounds of rows for the block's row groups, so that every thread moves about
+    STAGED_BYTES_PER_THREAD of the span.
     """
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
     if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
-            or row_bytes % 16 == 0 or p.cols < STAGED_MIN_COLS or row_bytes > STAGED_MAX_ROW_BYTES):
+            or (row_bytes % 16 == 0 and not STAGED_WHOLE_VECTORS) or p.cols < STAGED_MIN_COLS
+            or row_bytes > STAGED_MAX_ROW_BYTES):
         return None
-    threads = max(device.warp_size, 128 if row_bytes <= STAGED_MAX_ROW_BYTES // 2 else 64)
-    tile_rows = min(p.rows, max(threads, ceil(threads * STAGED_BYTES_PER_THREAD / row_bytes)))
+    lanes = staged_lanes(p.cols)
+    if lanes > 1:
+        threads = max(device.warp_size, STAGED_GROUP_THREADS)
+    else:
+        threads = max(device.warp_size, 128 if row_bytes <= STAGED_MAX_ROW_BYTES // 2 else 64)
+    groups = threads // lanes
+    rounds = max(1, round(threads * STAGED_BYTES_PER_THREAD / (row_bytes * groups)))
     fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes  # the tile within one block's limit
-    if tile_rows > fitting:
-        tile_rows = fitting
-        threads = min(threads, tile_rows // device.warp_size * device.warp_size)
-        if threads == 0:
-            return None
+    tile_rows = min(p.rows, groups * rounds, fitting // groups * groups)
+    if tile_rows == 0:
+        return None
     shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
-    per_sm = max(1, device.shared_mem_per_multiprocessor // (shared + 1024))
-    launch = Launch(V.staged_name(p.dtype, p.op), _grid(ceil(p.rows / tile_rows), device, per_sm), threads, shared,
-                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, _safe(p))))
-    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
+    per_sm = max(1, min(device.shared_mem_per_multiprocessor // (shared + 1024),
+                        device.max_threads_per_multiprocessor // threads))
+    launch = Launch(V.staged_name(p.dtype, p.op, lanes), _grid(ceil(p.rows / tile_rows), device, per_sm), threads,
+                    shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
+                             (I32, _safe(p))))
+    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows, "lanes": lanes})
+
+
+#: threads per block of the packed tier (its launch bound is 256)
+PACKED_THREADS = 256
+
+
+def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
+    """Contiguous rows of at most 8 elements, whole rows inside a thread's vectors, or None.
+
+    The input and output must be contiguous with the same misalignment, a multiple of the row
+    length, so that every group of lcm(cols, vec) values starts a row.
+    """
+    if p.cols not in V.PACKED_COLS:
+        return None
+    vec = V.vector_widths(p.dtype)[1]
+    contiguous = p.rows == 1 or p.strides() == (p.cols, p.cols)
+    if not contiguous or (p.x_misalign - p.y_misalign) % vec != 0 or p.x_misalign % vec % p.cols != 0:
+        return None
+    per_thread = lcm(p.cols, vec)  # values, in whole vectors and whole rows
+    group = per_thread // vec
+    depth = 1 if group >= 4 else 4 // group
+    groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
+    blocks = ceil(groups / (PACKED_THREADS * depth))
+    per_sm = max(1, device.max_threads_per_multiprocessor // PACKED_THREADS)
+    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _grid(blocks, device, per_sm), PACKED_THREADS, 0,
+                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p))))
+    return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth})
+
+
+#: threads per block of the block tier, at most (a thread streams at least 8 slots below that)
+BLOCK_TIER_MAX_THREADS = 1024
+#: threads per block of the on-chip split tier, and chunks of its rows a multiprocessor holds
+CACHED_THREADS = 256
+CACHED_CHUNKS_PER_SM = 4
 
 
 def _safe(p) -> int:
@@ -237,9 +288,10 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    staged = _plan_staged(p, device)
-    if staged is not None:
-        return staged
+    for tier in (_plan_packed, _plan_staged):
+        the_plan = tier(p, device)
+        if the_plan is not None:
+            return the_plan
     warp = device.warp_size
     vec = choose_vec(p)
     slots = slots_needed(p, vec)
@@ -265,18 +317,20 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     block_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 2) - static_bytes
     few_rows = p.rows < device.multiprocessors
     if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
-        threads = min(device.max_threads_per_block, max(4 * warp, ceil(slots / 8 / warp) * warp))
+        threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS,
+                      max(4 * warp, ceil(slots / 8 / warp) * warp))
         per_sm = max(1, min(device.max_threads_per_multiprocessor // threads,
                             device.shared_mem_per_multiprocessor // (cache_bytes + static_bytes)))
         launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _grid(p.rows, device, per_sm), threads,
                         cache_bytes, row_args + ((I32, _safe(p)),))
         return Plan("block", (launch,), notes=notes)
 
-    threads = min(device.max_threads_per_block, max(256, 4 * warp))
+    threads = min(device.max_threads_per_block, max(CACHED_THREADS, 4 * warp))
     # On chip: chunks of a quarter multiprocessor's shared memory on co-resident blocks (several
     # per multiprocessor, so one's loads overlap another's wait), at most one chunk of a row per
     # multiprocessor (one resident block per multiprocessor is always possible).
-    chunk_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 4) - static_bytes
+    chunk_budget = min(device.shared_mem_per_block_optin,
+                       device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM) - static_bytes
     chunk_cap = max(threads, chunk_budget // (vec * itemsize))
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:

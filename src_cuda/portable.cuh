@@ -96,8 +96,10 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 
 #if defined(PORTABLE_SOFTMAX_EMULATION)
 #define PS_FAST_EXPF(v) expf(v)
+#define PS_FAST_RCPF(v) (1.0f / (v))
 #else
 #define PS_FAST_EXPF(v) __expf(v)
+#define PS_FAST_RCPF(v) __fdividef(1.0f, (v))
 #endif
 
 #if !defined(PS_INF_F)  // clang (HIP, hipRTC) and the host compiler know the builtins
@@ -156,6 +158,13 @@ template <typename T> PS_DEVICE typename compute_of<T>::type exp_for(typename co
 }
 template <> PS_DEVICE float exp_for<half_t>(float v) { return PS_FAST_EXPF(v); }
 template <> PS_DEVICE float exp_for<bfloat16_t>(float v) { return PS_FAST_EXPF(v); }
+// 1 / d likewise: the correctly rounded division for float32 / float64 outputs, the hardware
+// reciprocal (an ulp or two of float32) for 16-bit ones.
+template <typename T> PS_DEVICE typename compute_of<T>::type recip_for(typename compute_of<T>::type v) {
+  return typename compute_of<T>::type(1) / v;
+}
+template <> PS_DEVICE float recip_for<half_t>(float v) { return PS_FAST_RCPF(v); }
+template <> PS_DEVICE float recip_for<bfloat16_t>(float v) { return PS_FAST_RCPF(v); }
 
 template <typename C> PS_DEVICE C ps_neg_inf() { return -PS_INF_F; }
 template <> PS_DEVICE double ps_neg_inf<double>() { return -PS_INF_D; }

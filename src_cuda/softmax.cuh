@@ -116,7 +116,7 @@ template <int OP, typename T> struct RowFinish {
   typedef typename compute_of<T>::type C;
   C m, scale, log_d;
   bool empty, safe;
-  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(C(1) / md.d), log_d(ps_log(md.d)),
+  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(ps_log(md.d)),
       empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
   PS_DEVICE C operator()(C x) const {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
@@ -180,18 +180,6 @@ PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, typename compute_of<T>::ty
   for (int j = 0; j < VEC; ++j) v[j] = f(v[j]);
 }
 
-// ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
-// LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
-// a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
-// BATCH rows per step so that short rows still keep 32 bytes per lane in flight.
-// With the whole row in registers the pair (m, d) is formed in two sweeps, m over
-// the group first and then d = sum exp(x - m): one exp per element and no exp in
-// the shuffles; every value becomes its exp on the way, so the output is a multiply.
-template <typename T, int SLOTS, int VEC> struct WarpBatch {
-  static const int bytes = SLOTS * VEC * (int)sizeof(T);
-  static const int rows = bytes >= 32 ? 1 : 32 / bytes;
-};
-
 template <int width, typename C> PS_DEVICE C max_over_lanes(C v) {
 #pragma unroll
   for (int offset = width / 2; offset > 0; offset /= 2) v = max_nan(v, warp_shfl_xor(v, offset, width));
@@ -203,6 +191,42 @@ template <int width, typename C> PS_DEVICE C sum_over_lanes(C v) {
   for (int offset = width / 2; offset > 0; offset /= 2) v += warp_shfl_xor(v, offset, width);
   return v;
 }
+
+// ---- a row held in registers --------------------------------------------------
+// N values in each of LANES consecutive lanes (LANES = 1: one thread holds the row). The
+// max over the group comes first, then d = sum exp(x - m): one exp per element and no exp
+// in the shuffles. Softmax keeps each exp, so its output is a multiply. Every lane of the
+// group takes part, also for rows past the end (their outputs are not stored).
+template <int OP, typename T, int LANES, int N>
+PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) {
+  typedef typename compute_of<T>::type C;
+  C m = ps_neg_inf<C>();
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = max_nan(m, v[j]);
+  m = max_over_lanes<LANES>(m);
+  C d = C(0);
+  if (m != ps_neg_inf<C>()) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const C e = exp_for<T>(v[j] - m);
+      d += e;
+      if (OP == kSoftmax) v[j] = e;
+    }
+  }
+  MD<C> md = {m, sum_over_lanes<LANES>(d)};
+  const RowFinish<OP, T> f(md, safe);
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = (OP == kSoftmax && !f.empty) ? v[j] * f.scale : f(v[j]);
+}
+
+// ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
+// LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
+// a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
+// BATCH rows per step so that short rows still keep 32 bytes per lane in flight.
+template <typename T, int SLOTS, int VEC> struct WarpBatch {
+  static const int bytes = SLOTS * VEC * (int)sizeof(T);
+  static const int rows = bytes >= 32 ? 1 : 32 / bytes;
+};
 
 template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
 PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
@@ -238,34 +262,13 @@ PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      C m = ps_neg_inf<C>();
-#pragma unroll
-      for (int j = 0; j < N; ++j) m = max_nan(m, v[b][j]);
-      m = max_over_lanes<LANES>(m);
-      C d = C(0);
-      if (m != ps_neg_inf<C>()) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const C e = exp_for<T>(v[b][j] - m);
-          d += e;
-          if (OP == kSoftmax) v[b][j] = e;
-        }
-      }
-      MD<C> md = {m, sum_over_lanes<LANES>(d)};
+      softmax_in_registers<OP, T, LANES, N>(v[b], safe != 0);
       if (row >= rows) continue;
       const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-      const RowFinish<OP, T> f(md, safe != 0);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
-        if (k < rs.slots) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            C& o = v[b][s * VEC + j];
-            o = (OP == kSoftmax && !f.empty) ? o * f.scale : f(o);
-          }
-          rs.store(k, v[b] + s * VEC);
-        }
+        if (k < rs.slots) rs.store(k, v[b] + s * VEC);
       }
     }
   }
@@ -328,31 +331,86 @@ PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, 
   }
 }
 
+// ---- tier 0, packed: rows of a few elements inside a thread's vectors ---------------
+// Contiguous rows of COLS elements: GROUP = lcm(COLS, VEC) / VEC consecutive aligned vectors
+// hold whole rows when the span starts on a row boundary (the host checks that its
+// misalignment is a multiple of COLS). A thread loads DEPTH groups, takes each row in
+// registers and stores the vectors back: no shuffles, no shared memory, and every access
+// but the span's two ends a full vector.
+template <int A, int B> struct Gcd { static const int value = Gcd<B, A % B>::value; };
+template <int A> struct Gcd<A, 0> { static const int value = A; };
+
+template <typename T, int OP, int COLS, int VEC>
+PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe) {
+  typedef typename compute_of<T>::type C;
+  const int N = COLS / Gcd<COLS, VEC>::value * VEC;  // values of a group: lcm(COLS, VEC)
+  const int GROUP = N / VEC;
+  const int DEPTH = GROUP >= 4 ? 1 : 4 / GROUP;  // at least four vectors in flight a thread
+  const RowSlots<T, VEC> span(x, y, rows * COLS);
+  const i64 groups = (span.slots + GROUP - 1) / GROUP;
+  const i64 step = (i64)PS_GRID_DIM_X * PS_BLOCK_DIM_X;
+  for (i64 g0 = (i64)PS_BLOCK_X * PS_BLOCK_DIM_X + PS_THREAD_X; g0 < groups; g0 += DEPTH * step) {
+    C v[DEPTH][N];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+#pragma unroll
+      for (int s = 0; s < GROUP; ++s) {
+        const i64 k = (g0 + u * step) * GROUP + s;
+        if (k < span.slots) {
+          span.load(k, v[u] + s * VEC);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[u][s * VEC + j] = ps_neg_inf<C>();
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+#pragma unroll
+      for (int r = 0; r < N / COLS; ++r) softmax_in_registers<OP, T, 1, COLS>(v[u] + r * COLS, safe != 0);
+#pragma unroll
+      for (int s = 0; s < GROUP; ++s) {
+        const i64 k = (g0 + u * step) * GROUP + s;
+        if (k < span.slots) span.store(k, v[u] + s * VEC);
+      }
+    }
+  }
+}
+
 // ---- tier 1, staged: contiguous short rows through shared memory -------------------
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
-// with aligned vectors into shared memory, a thread takes each row from there (max, then
-// sum of exps) and writes its outputs back, and the block stores the span with vectors.
-template <typename T, int OP, int VEC>
+// with aligned vectors into shared memory, a group of LANES lanes takes each row from there
+// (max, then sum of exps, lane j reading elements j, j + LANES, ...: consecutive lanes,
+// consecutive banks) and writes its outputs back, and the block stores the span with vectors.
+// LANES is at most 32, so the groups lie inside a warp of either size.
+template <typename T, int OP, int VEC, int LANES>
 PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
+  static_assert(LANES <= 32, "a row group lies inside a warp of 32 or 64 lanes");
+  const int lane = PS_THREAD_X % LANES;
+  const int groups = PS_BLOCK_DIM_X / LANES;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
     const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
     for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
-    for (i64 r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
+    // The bound is the same for the whole block, so every lane of a group reaches the shuffles.
+    for (i64 r0 = 0; r0 < count; r0 += groups) {
+      const i64 r = r0 + PS_THREAD_X / LANES;
+      const i64 n = r < count ? cols : 0;
       T* row = tile + r * cols;
       C m = ps_neg_inf<C>();
-      for (i64 c = 0; c < cols; ++c) m = max_nan(m, to_compute(row[c]));
+      for (i64 c = lane; c < n; c += LANES) m = max_nan(m, to_compute(row[c]));
+      m = max_over_lanes<LANES>(m);
       C d = C(0);
       if (m != ps_neg_inf<C>()) {
-        for (i64 c = 0; c < cols; ++c) d += exp_for<T>(to_compute(row[c]) - m);
+        for (i64 c = lane; c < n; c += LANES) d += exp_for<T>(to_compute(row[c]) - m);
       }
-      MD<C> md = {m, d};
+      MD<C> md = {m, sum_over_lanes<LANES>(d)};
       const RowFinish<OP, T> f(md, safe != 0);
-      for (i64 c = 0; c < cols; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
+      for (i64 c = lane; c < n; c += LANES) row[c] = from_compute<T>(f(to_compute(row[c])));
     }
     PS_SYNC();
     for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
@@ -588,10 +646,17 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
 
-#define PS_STAGED_ENTRY(DT, T, OPN, OP, V)                                                           \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_v##V(                                \
+#define PS_STAGED_ENTRY(DT, T, OPN, OP, L, V)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_l##L##_v##V(                         \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
-  PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)
+  PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_l##L##_v##V)
+
+#define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_packed_##DT##_##OPN##_c##C##_v##V(                          \
+      const T* x, T* y, ps::i64 rows, int safe) {                                                    \
+    ps::packed_rows<T, OP, C, V>(x, y, rows, safe);                                                  \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_packed_##DT##_##OPN##_c##C##_v##V)

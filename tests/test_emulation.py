@@ -236,7 +236,7 @@ SHAPES = [((300, 1), 1), ((67, 5), 1), ((33, 37), 1), ((9, 130), 1), ((600, 100)
           ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1), ((3, 20000), 1), ((1, 20000), 1),
           ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
 #: every tier the planner has (tier "empty" launches nothing)
-TIERS = {"staged", "warp", "block", "cached", "split", "strided"}
+TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided"}
 OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]
 
 

@@ -40,7 +40,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
         if p.tier == "staged":  # a step's span of rows fits the shared memory it asks for
             (launch,) = p.launches
             tile_rows = p.notes["tile_rows"]
-            assert tile_rows >= min(rows, launch.block), "every thread owns a row"
+            assert tile_rows >= min(rows, launch.block // p.notes["lanes"]), "every row group owns a row"
             assert launch.shared_mem >= tile_rows * cols * V.DTYPES[dtype][2] + misalign * V.DTYPES[dtype][2]
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
@@ -55,7 +55,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
-    assert tiers == {"staged", "warp", "block", "cached", "split"}
+    assert tiers == {"packed", "staged", "warp", "block", "cached", "split"}
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -69,13 +69,30 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
     for cols in (5, 7, 100):
         p = plan(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
         assert p.tier == "staged" and p.notes["vec"] == 8  # any common offset: 16-byte vectors
-        assert p.launches[0].block * 64 <= p.notes["tile_rows"] * cols * 2 + 16 * 8
+        assert p.launches[0].block * 32 <= p.notes["tile_rows"] * cols * 2 + 16 * 8
     padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
     mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
     whole_vectors = plan(RowProblem("float32", "softmax", 1 << 20, 100), device)
-    tiny = plan(RowProblem("float16", "softmax", 1 << 20, 3), device)
     long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
-    assert {padded.tier, mixed.tier, whole_vectors.tier, tiny.tier, long.tier} == {"warp"}
+    assert {padded.tier, mixed.tier, whole_vectors.tier, long.tier} == {"warp"}
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_rows_of_up_to_eight_elements_are_packed_into_vectors(device, dtype):
+    vec = V.vector_widths(dtype)[1]
+    for cols in V.PACKED_COLS:
+        for misalign in range(0, vec, cols):  # the span starts on a row boundary within its vector
+            p = plan(RowProblem(dtype, "log_softmax", 1000, cols, x_misalign=misalign, y_misalign=misalign), device)
+            (launch,) = p.launches
+            assert p.tier == "packed" and launch.kernel == V.packed_name(dtype, "log_softmax", cols)
+            assert p.notes["values_per_thread"] % cols == 0 and p.notes["values_per_thread"] % vec == 0
+    # a row would straddle two threads' vectors: a misalignment that is not a multiple of the row,
+    # padded rows, or input and output misaligned differently
+    off_row = plan(RowProblem(dtype, "softmax", 1000, 3, x_misalign=1, y_misalign=1), device)
+    padded = plan(RowProblem(dtype, "softmax", 1000, 3, x_stride=4, y_stride=4), device)
+    mixed = plan(RowProblem(dtype, "softmax", 1000, 1, x_misalign=1, y_misalign=0), device)
+    assert "packed" not in {off_row.tier, padded.tier, mixed.tier}
 
 
 def test_warp_64_holds_twice_the_row_of_warp_32():
