@@ -109,8 +109,8 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
-#: lanes per row of the staged tier: 1 (a thread per row) up to 32, within a warp of either size
-STAGED_LANES = (1, 4, 8, 16, 32)
+#: lanes per row of the staged tier: 1 (a thread per row) or a group inside a warp of either size
+STAGED_LANES = (1, 16)
 
 
 def staged_name(dtype: str, op: str, lanes: int) -> str:
@@ -118,8 +118,16 @@ def staged_name(dtype: str, op: str, lanes: int) -> str:
     return f"ps_staged_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
 
 
-#: row lengths of the packed tier: a thread holds lcm(cols, 16-byte vector) values of whole rows
-PACKED_COLS = tuple(range(1, 9))
+#: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
+#: by bytes per element. Measured on an H100 against the register and staged tiers for every
+#: length from 1 to 8: the packed tier wins for 16-bit rows of 1, 3 and 6 elements (+10, +6-14
+#: and +25 points of the copy), and loses elsewhere, most where a thread's group spans 5 or 7
+#: vectors (strided loads) or where the register tier already has whole vectors.
+PACKED_COLS = {2: (1, 3, 6)}
+
+
+def packed_cols(dtype: str) -> tuple[int, ...]:
+    return PACKED_COLS.get(DTYPES[dtype][2], ())
 
 
 def packed_name(dtype: str, op: str, cols: int) -> str:
@@ -132,7 +140,7 @@ def warp_free_names(dtype: str) -> list[str]:
     groups of at most 32 lanes."""
     names = [strided_name(dtype, op) for op in OPS]
     names += [staged_name(dtype, op, lanes) for op in OPS for lanes in STAGED_LANES]
-    return names + [packed_name(dtype, op, cols) for op in OPS for cols in PACKED_COLS]
+    return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
 
 
 def entry_names(dtype: str, warp: int) -> list[str]:
@@ -177,7 +185,7 @@ def render_source(dtype: str) -> str:
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
         for lanes in STAGED_LANES:
             out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {lanes}, {vector_widths(dtype)[1]})")
-        for cols in PACKED_COLS:
+        for cols in packed_cols(dtype):
             out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)
     out.append("#if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA")

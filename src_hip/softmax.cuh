@@ -201,6 +201,15 @@ template <int width, typename C> PS_DEVICE C sum_over_lanes(C v) {
 template <int OP, typename T, int LANES, int N>
 PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) {
   typedef typename compute_of<T>::type C;
+  if (LANES == 1 && N == 1) {  // a row of one element needs no exp: 1 (log: 0) if it is finite
+    const C x = v[0];
+    if (x == ps_neg_inf<C>()) {
+      v[0] = (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();  // an empty row, as RowFinish says
+    } else {
+      v[0] = x - x == C(0) ? C(OP == kSoftmax ? 1 : 0) : ps_nan<C>();  // NaN and +inf give NaN
+    }
+    return;
+  }
   C m = ps_neg_inf<C>();
 #pragma unroll
   for (int j = 0; j < N; ++j) m = max_nan(m, v[j]);

@@ -232,9 +232,9 @@ def test_sixteen_bit_conversions_round_to_nearest_even(library, rng, dtype, to_f
 #: (shape, axis): the input is drawn with `shape`, then its last axis is moved to `axis`. Contiguous
 #: rows from one lane per row up to rows split across blocks (grid-stride loops at the larger row
 #: counts), then reductions over a non-last axis (the strided tier).
-SHAPES = [((300, 1), 1), ((67, 5), 1), ((33, 37), 1), ((9, 130), 1), ((600, 100), 1), ((5, 1000), 1),
-          ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1), ((3, 20000), 1), ((1, 20000), 1),
-          ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
+SHAPES = [((300, 1), 1), ((64, 3), 1), ((67, 5), 1), ((64, 6), 1), ((40, 127), 1), ((33, 37), 1), ((9, 130), 1),
+          ((600, 100), 1), ((5, 1000), 1), ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1),
+          ((3, 20000), 1), ((1, 20000), 1), ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
 #: every tier the planner has (tier "empty" launches nothing)
 TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided"}
 OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]
@@ -245,7 +245,7 @@ def _inputs(rng, shape, dtype: str) -> np.ndarray:
     x = rng.standard_normal(shape) * 4.0
     rows = x.reshape(-1, shape[-1])
     cols = shape[-1]
-    if rows.shape[0] >= 5 and cols > 1:
+    if rows.shape[0] >= 5:
         rows[0, cols // 2] = np.nan  # NaN -> the row is NaN
         rows[1, -1] = np.inf  # +inf -> NaN, like torch
         rows[2, :] = -np.inf  # all -inf -> NaN, or 0 when safe
@@ -314,7 +314,8 @@ def test_every_tier_matches_the_reference(runtime, rng, dtype):
             tiers.add(tier)
             got = run_host_array(runtime, reduced, axis, op, safe)
             assert_close(got, reduced, axis, op, safe, f"warp {warp} {dtype} {op} safe={safe} {shape} {tier}")
-    assert tiers == TIERS, f"warp {warp} {dtype} reached only {sorted(tiers)}"
+    expected = TIERS if V.packed_cols(dtype) else TIERS - {"packed"}  # packed rows: a few lengths of some dtypes
+    assert tiers == expected, f"warp {warp} {dtype} reached only {sorted(tiers)}"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])

@@ -55,7 +55,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
-    assert tiers == {"packed", "staged", "warp", "block", "cached", "split"}
+    assert tiers == {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -79,20 +79,38 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", V.DTYPES)
-def test_rows_of_up_to_eight_elements_are_packed_into_vectors(device, dtype):
+def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     vec = V.vector_widths(dtype)[1]
-    for cols in V.PACKED_COLS:
+    for cols in range(1, 9):
         for misalign in range(0, vec, cols):  # the span starts on a row boundary within its vector
             p = plan(RowProblem(dtype, "log_softmax", 1000, cols, x_misalign=misalign, y_misalign=misalign), device)
-            (launch,) = p.launches
-            assert p.tier == "packed" and launch.kernel == V.packed_name(dtype, "log_softmax", cols)
-            assert p.notes["values_per_thread"] % cols == 0 and p.notes["values_per_thread"] % vec == 0
-    # a row would straddle two threads' vectors: a misalignment that is not a multiple of the row,
-    # padded rows, or input and output misaligned differently
-    off_row = plan(RowProblem(dtype, "softmax", 1000, 3, x_misalign=1, y_misalign=1), device)
-    padded = plan(RowProblem(dtype, "softmax", 1000, 3, x_stride=4, y_stride=4), device)
-    mixed = plan(RowProblem(dtype, "softmax", 1000, 1, x_misalign=1, y_misalign=0), device)
-    assert "packed" not in {off_row.tier, padded.tier, mixed.tier}
+            assert (p.tier == "packed") == (cols in V.packed_cols(dtype)), (cols, misalign, p.tier)
+            if p.tier == "packed":
+                assert p.launches[0].kernel == V.packed_name(dtype, "log_softmax", cols)
+                assert p.notes["values_per_thread"] % cols == 0 and p.notes["values_per_thread"] % vec == 0
+    for cols in V.packed_cols(dtype):
+        # a row would straddle two threads' vectors: a misalignment that is not a multiple of the
+        # row, padded rows, or input and output misaligned differently
+        off_row = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=cols + 1, y_misalign=cols + 1), device)
+        padded = plan(RowProblem(dtype, "softmax", 1000, cols, x_stride=cols + 1, y_stride=cols + 1), device)
+        mixed = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=0), device)
+        assert "packed" not in {padded.tier, mixed.tier} and (off_row.tier == "packed") == (cols == 1)
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_tiers_of_short_lived_blocks_launch_every_block_and_cooperative_ones_one_wave(device):
+    from portable_softmax.planner import one_wave
+
+    for cols in (3, 100, 1000, 3000, 100000):
+        p = plan(RowProblem("float32", "softmax", 1 << 16, cols), device)
+        for launch in p.launches:
+            cut = one_wave(launch, 2, device.multiprocessors)
+            if launch.cooperative:
+                assert cut <= 2 * device.multiprocessors and cut % launch.min_grid == 0, p.tier
+            elif not launch.cut_to_one_wave:
+                assert cut == launch.grid >= min(1 << 16, device.max_grid_x) // 1024, p.tier
+            else:
+                assert cut == min(launch.grid, 2 * device.multiprocessors), p.tier
 
 
 def test_warp_64_holds_twice_the_row_of_warp_32():
