@@ -109,13 +109,9 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
-#: lanes per row of the staged tier: 1 (a thread per row) or a group inside a warp of either size
-STAGED_LANES = (1, 16)
-
-
-def staged_name(dtype: str, op: str, lanes: int) -> str:
-    """Contiguous short rows staged through shared memory (widest vectors), `lanes` lanes a row."""
-    return f"ps_staged_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
+def staged_name(dtype: str, op: str) -> str:
+    """Contiguous short rows staged through shared memory (widest vectors; no shuffles)."""
+    return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
 
 
 #: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
@@ -136,10 +132,9 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 
 
 def warp_free_names(dtype: str) -> list[str]:
-    """The kernels of one dtype built once for every warp size: no shuffles, or shuffles within
-    groups of at most 32 lanes."""
+    """The kernels of one dtype that use no shuffles, built once for every warp size."""
     names = [strided_name(dtype, op) for op in OPS]
-    names += [staged_name(dtype, op, lanes) for op in OPS for lanes in STAGED_LANES]
+    names += [staged_name(dtype, op) for op in OPS]
     return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
 
 
@@ -183,8 +178,7 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
-        for lanes in STAGED_LANES:
-            out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {lanes}, {vector_widths(dtype)[1]})")
+        out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
         for cols in packed_cols(dtype):
             out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)

@@ -164,6 +164,34 @@ def _work_grid(work_blocks: int, device: DeviceProfile) -> int:
     return max(1, min(work_blocks, device.max_grid_x))
 
 
+#: rows that are not whole 16-byte vectors, of SCALAR_ROWS_MIN_COLS to SCALAR_ROWS_MAX_COLS
+#: elements, take scalar slots in the register tier (coalesced element loads, no partial vector
+#: heads and tails): always for float32; for 16-bit rows that fill SCALAR_ROWS_FULL of the
+#: lanes' slots, or SCALAR_ROWS_MIN_FILL when they are too long for the staged tier's 128-thread
+#: blocks. Measured on an H100 (% of the copy, scalar against the staged tier or partial
+#: vectors): float32 67-131 columns 82-101 against 69-93; 16-bit 127, 201, 255 and 511 columns
+#: 76-89 against 41-67; but 16-bit rows of 67, 99-100 and 131 columns (half to three quarters of
+#: the slots filled, the staged tier at 128 threads) 47-69 against 66-75.
+SCALAR_ROWS_MIN_COLS = 64
+SCALAR_ROWS_MAX_COLS = 512
+SCALAR_ROWS_MIN_FILL = 0.75
+SCALAR_ROWS_FULL = 0.9
+
+
+def scalar_rows(p: RowProblem, warp: int) -> bool:
+    """Whether rows take scalar slots in the register tier (see SCALAR_ROWS_MIN_COLS)."""
+    itemsize = V.DTYPES[p.dtype][2]
+    widest = V.vector_widths(p.dtype)[1]
+    if p.rows <= 1 or p.strides()[0] % widest == 0 or not SCALAR_ROWS_MIN_COLS <= p.cols <= SCALAR_ROWS_MAX_COLS:
+        return False
+    if itemsize == 4:
+        return True
+    fill = p.cols / (warp << ceil(p.cols / warp - 1).bit_length())  # of the deep variant's slots
+    if itemsize == 2 and p.cols * itemsize > STAGED_MAX_ROW_BYTES // 2:
+        return fill >= SCALAR_ROWS_MIN_FILL  # the staged tier would run 64-thread blocks
+    return itemsize == 2 and fill >= SCALAR_ROWS_FULL
+
+
 def choose_vec(p: RowProblem) -> int:
     """Widest vector whose slots line up in both input and output rows.
 
@@ -206,53 +234,32 @@ STAGED_MIN_COLS = 5
 STAGED_MAX_ROW_BYTES = 512
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
-#: threads per block of the staged tier when a row has a lane group
-STAGED_GROUP_THREADS = 256
-
-
-def staged_lanes(p: RowProblem) -> int:
-    """Lanes per staged row: 16 for float32 rows over 256 bytes, else a thread per row.
-
-    A thread per row of over 256 bytes leaves a block of 64 threads holding 32 KiB (few
-    threads per multiprocessor): on an H100, float32 rows of 127 columns went from 65-81% of
-    the copy to 83-94% with 16 lanes a row in 256-thread blocks. Shorter rows, and 16-bit
-    rows of 31-127 columns, measured 15-30 points slower with lane groups than without.
-    """
-    row_bytes = p.cols * V.DTYPES[p.dtype][2]
-    return 16 if V.DTYPES[p.dtype][2] == 4 and row_bytes > STAGED_MAX_ROW_BYTES // 2 else 1
-
-
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
     Rows whose input and output are both contiguous and share their misalignment qualify
     (and whose length would leave the register tier partial or scalar vectors). A step takes
-    whole rounds of rows for the block's row groups, so that every thread moves about
-    STAGED_BYTES_PER_THREAD of the span.
+    whole rows for every thread, so that each moves about STAGED_BYTES_PER_THREAD of the span.
     """
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
     if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
+            or scalar_rows(p, device.warp_size)
             or row_bytes % 16 == 0 or p.cols < STAGED_MIN_COLS
             or row_bytes > STAGED_MAX_ROW_BYTES):
         return None
-    lanes = staged_lanes(p)
-    if lanes > 1:
-        threads = max(device.warp_size, STAGED_GROUP_THREADS)
-    else:
-        threads = max(device.warp_size, 128 if row_bytes <= STAGED_MAX_ROW_BYTES // 2 else 64)
-    groups = threads // lanes
-    rounds = max(1, round(threads * STAGED_BYTES_PER_THREAD / (row_bytes * groups)))
+    threads = max(device.warp_size, 128 if row_bytes <= STAGED_MAX_ROW_BYTES // 2 else 64)
+    rounds = max(1, round(STAGED_BYTES_PER_THREAD / row_bytes))  # rows a thread takes per step
     fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes  # the tile within one block's limit
-    tile_rows = min(p.rows, groups * rounds, fitting // groups * groups)
+    tile_rows = min(p.rows, threads * rounds, fitting // threads * threads)
     if tile_rows == 0:
         return None
     shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
-    launch = Launch(V.staged_name(p.dtype, p.op, lanes), _work_grid(ceil(p.rows / tile_rows), device), threads,
+    launch = Launch(V.staged_name(p.dtype, p.op), _work_grid(ceil(p.rows / tile_rows), device), threads,
                     shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
                              (I32, _safe(p))), cut_to_one_wave=False)
-    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows, "lanes": lanes})
+    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
 
 
 #: threads per block of the packed tier (its launch bound is 256)
@@ -311,7 +318,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if the_plan is not None:
             return the_plan
     warp = device.warp_size
-    vec = choose_vec(p)
+    vec = 1 if scalar_rows(p, warp) else choose_vec(p)
     slots = slots_needed(p, vec)
     xs, ys = p.strides()
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))

@@ -389,37 +389,28 @@ PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe) {
 // ---- tier 1, staged: contiguous short rows through shared memory -------------------
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
-// with aligned vectors into shared memory, a group of LANES lanes takes each row from there
-// (max, then sum of exps, lane j reading elements j, j + LANES, ...: consecutive lanes,
-// consecutive banks) and writes its outputs back, and the block stores the span with vectors.
-// LANES is at most 32, so the groups lie inside a warp of either size.
-template <typename T, int OP, int VEC, int LANES>
+// with aligned vectors into shared memory, a thread takes each row from there (max, then
+// sum of exps) and writes its outputs back, and the block stores the span with vectors.
+template <typename T, int OP, int VEC>
 PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
-  static_assert(LANES <= 32, "a row group lies inside a warp of 32 or 64 lanes");
-  const int lane = PS_THREAD_X % LANES;
-  const int groups = PS_BLOCK_DIM_X / LANES;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
     const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
     for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
-    // The bound is the same for the whole block, so every lane of a group reaches the shuffles.
-    for (i64 r0 = 0; r0 < count; r0 += groups) {
-      const i64 r = r0 + PS_THREAD_X / LANES;
-      const i64 n = r < count ? cols : 0;
+    for (i64 r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
       T* row = tile + r * cols;
       C m = ps_neg_inf<C>();
-      for (i64 c = lane; c < n; c += LANES) m = max_nan(m, to_compute(row[c]));
-      m = max_over_lanes<LANES>(m);
+      for (i64 c = 0; c < cols; ++c) m = max_nan(m, to_compute(row[c]));
       C d = C(0);
       if (m != ps_neg_inf<C>()) {
-        for (i64 c = lane; c < n; c += LANES) d += exp_for<T>(to_compute(row[c]) - m);
+        for (i64 c = 0; c < cols; ++c) d += exp_for<T>(to_compute(row[c]) - m);
       }
-      MD<C> md = {m, sum_over_lanes<LANES>(d)};
+      MD<C> md = {m, d};
       const RowFinish<OP, T> f(md, safe != 0);
-      for (i64 c = lane; c < n; c += LANES) row[c] = from_compute<T>(f(to_compute(row[c])));
+      for (i64 c = 0; c < cols; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
     }
     PS_SYNC();
     for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
@@ -655,13 +646,13 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
 
-#define PS_STAGED_ENTRY(DT, T, OPN, OP, L, V)                                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_l##L##_v##V(                         \
+#define PS_STAGED_ENTRY(DT, T, OPN, OP, V)                                                           \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_v##V(                                \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::staged_rows<T, OP, V>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
-  PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_l##L##_v##V)
+  PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_packed_##DT##_##OPN##_c##C##_v##V(                          \

@@ -3,11 +3,9 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f32, float, softmax, ps::kSoftmax)
-PS_STAGED_ENTRY(f32, float, softmax, ps::kSoftmax, 1, 4)
-PS_STAGED_ENTRY(f32, float, softmax, ps::kSoftmax, 16, 4)
+PS_STAGED_ENTRY(f32, float, softmax, ps::kSoftmax, 4)
 PS_STRIDED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax)
-PS_STAGED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 1, 4)
-PS_STAGED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 16, 4)
+PS_STAGED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 4)
 PS_PARTIALS_ENTRY(f32, float, 32, 1)
 PS_WARP_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 1, 1, 1)
 PS_WARP_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 2, 1, 1)

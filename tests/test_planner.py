@@ -40,7 +40,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
         if p.tier == "staged":  # a step's span of rows fits the shared memory it asks for
             (launch,) = p.launches
             tile_rows = p.notes["tile_rows"]
-            assert tile_rows >= min(rows, launch.block // p.notes["lanes"]), "every row group owns a row"
+            assert tile_rows >= min(rows, launch.block), "every thread owns a row"
             assert launch.shared_mem >= tile_rows * cols * V.DTYPES[dtype][2] + misalign * V.DTYPES[dtype][2]
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
@@ -69,10 +69,15 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
     for cols in (5, 7, 100):
         p = plan(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
         assert p.tier == "staged" and p.notes["vec"] == 8  # any common offset: 16-byte vectors
-        assert p.launches[0].block * 32 <= p.notes["tile_rows"] * cols * 2 + 16 * 8
+        block, tile_rows = p.launches[0].block, p.notes["tile_rows"]
+        assert tile_rows % block == 0, "every thread takes whole rows of the span"
+        assert block * 64 * 2 // 3 <= tile_rows * cols * 2, "about 64 bytes of the span a thread"
     padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
     mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
     whole_vectors = plan(RowProblem("float32", "softmax", 1 << 20, 100), device)
+    scalar = [plan(RowProblem(dtype, "softmax", 1 << 20, cols), device) for dtype, cols in
+              (("float32", 67), ("float32", 127), ("float16", 127), ("float16", 255), ("bfloat16", 511))]
+    assert all(s.tier == "warp" and s.launches[0].kernel.endswith("_v1") for s in scalar), "scalar slots"
     long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
     assert {padded.tier, mixed.tier, whole_vectors.tier, long.tier} == {"warp"}
 
