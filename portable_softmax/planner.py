@@ -164,14 +164,16 @@ def _work_grid(work_blocks: int, device: DeviceProfile) -> int:
     return max(1, min(work_blocks, device.max_grid_x))
 
 
-#: rows that are not whole 16-byte vectors, of SCALAR_ROWS_MIN_COLS to SCALAR_ROWS_MAX_COLS
-#: elements, take scalar slots in the register tier (coalesced element loads, no partial vector
-#: heads and tails): always for float32; for 16-bit rows that fill SCALAR_ROWS_FULL of the
-#: lanes' slots, or SCALAR_ROWS_MIN_FILL when they are too long for the staged tier's 128-thread
-#: blocks. Measured on an H100 (% of the copy, scalar against the staged tier or partial
-#: vectors): float32 67-131 columns 82-101 against 69-93; 16-bit 127, 201, 255 and 511 columns
-#: 76-89 against 41-67; but 16-bit rows of 67, 99-100 and 131 columns (half to three quarters of
-#: the slots filled, the staged tier at 128 threads) 47-69 against 66-75.
+#: rows of SCALAR_ROWS_MIN_COLS to SCALAR_ROWS_MAX_COLS elements take scalar slots in the
+#: register tier (coalesced element loads, no partial vector heads and tails): all float32 rows;
+#: 16-bit rows that are not whole 16-byte vectors and fill SCALAR_ROWS_FULL of the lanes' slots,
+#: or SCALAR_ROWS_MIN_FILL when they are too long for the staged tier's 128-thread blocks.
+#: Measured on an H100 (% of the copy, scalar against the staged tier or 16-byte vectors):
+#: float32 67-131 odd columns 82-101 against 69-93, whole-vector rows of 96, 100 and 160 columns
+#: 99-102 against 95-98 (64-500 columns otherwise within 2 points); 16-bit 127, 201, 255 and 511
+#: odd columns 76-89 against 41-67; but 16-bit rows of 67, 99-100 and 131 odd columns (half to
+#: three quarters of the slots filled, the staged tier at 128 threads) 47-69 against 66-75, and
+#: 16-bit whole-vector rows of 64-112 columns 56-76 against 74-91.
 SCALAR_ROWS_MIN_COLS = 64
 SCALAR_ROWS_MAX_COLS = 512
 SCALAR_ROWS_MIN_FILL = 0.75
@@ -182,10 +184,12 @@ def scalar_rows(p: RowProblem, warp: int) -> bool:
     """Whether rows take scalar slots in the register tier (see SCALAR_ROWS_MIN_COLS)."""
     itemsize = V.DTYPES[p.dtype][2]
     widest = V.vector_widths(p.dtype)[1]
-    if p.rows <= 1 or p.strides()[0] % widest == 0 or not SCALAR_ROWS_MIN_COLS <= p.cols <= SCALAR_ROWS_MAX_COLS:
+    if p.rows <= 1 or not SCALAR_ROWS_MIN_COLS <= p.cols <= SCALAR_ROWS_MAX_COLS:
         return False
     if itemsize == 4:
-        return True
+        return True  # whole vectors too
+    if p.strides()[0] % widest == 0:
+        return False
     fill = p.cols / (warp << ceil(p.cols / warp - 1).bit_length())  # of the deep variant's slots
     if itemsize == 2 and p.cols * itemsize > STAGED_MAX_ROW_BYTES // 2:
         return fill >= SCALAR_ROWS_MIN_FILL  # the staged tier would run 64-thread blocks

@@ -74,9 +74,10 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
         assert block * 64 * 2 // 3 <= tile_rows * cols * 2, "about 64 bytes of the span a thread"
     padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
     mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
-    whole_vectors = plan(RowProblem("float32", "softmax", 1 << 20, 100), device)
+    whole_vectors = plan(RowProblem("float16", "softmax", 1 << 20, 104), device)
     scalar = [plan(RowProblem(dtype, "softmax", 1 << 20, cols), device) for dtype, cols in
-              (("float32", 67), ("float32", 127), ("float16", 127), ("float16", 255), ("bfloat16", 511))]
+              (("float32", 67), ("float32", 100), ("float32", 127), ("float16", 127), ("float16", 255),
+               ("bfloat16", 511))]
     assert all(s.tier == "warp" and s.launches[0].kernel.endswith("_v1") for s in scalar), "scalar slots"
     long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
     assert {padded.tier, mixed.tier, whole_vectors.tier, long.tier} == {"warp"}
