@@ -109,6 +109,12 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
+def strided_cached_name(dtype: str, op: str, vec: int) -> str:
+    """A non-last axis split over co-resident blocks that cache their chunks (one read); a thread
+    takes `vec` neighbouring inner positions."""
+    return f"ps_strided_cached_{DTYPES[dtype][0]}_{op}_v{vec}"
+
+
 def staged_name(dtype: str, op: str) -> str:
     """Contiguous short rows staged through shared memory (widest vectors; no shuffles)."""
     return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
@@ -134,6 +140,7 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 def warp_free_names(dtype: str) -> list[str]:
     """The kernels of one dtype that use no shuffles, built once for every warp size."""
     names = [strided_name(dtype, op) for op in OPS]
+    names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in vector_widths(dtype)]
     names += [staged_name(dtype, op) for op in OPS]
     return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
 
@@ -178,6 +185,8 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
+        for vec in vector_widths(dtype):
+            out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
         for cols in packed_cols(dtype):
             out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")

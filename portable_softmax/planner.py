@@ -87,6 +87,9 @@ class StridedProblem:
     x_strides: tuple[int, int, int]
     y_strides: tuple[int, int, int]
     safe: bool = False
+    #: base addresses in elements modulo the widest vector, as RowProblem's
+    x_misalign: int = 0
+    y_misalign: int = 0
 
 
 @dataclass(frozen=True)
@@ -363,11 +366,12 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if chunks <= device.multiprocessors:
         chunk_slots = ceil(slots / chunks)
         chunks = ceil(slots / chunk_slots)
+        shared = chunk_slots * vec * itemsize
         resident = device.multiprocessors * max(1, min(device.max_threads_per_multiprocessor // threads,
                                                        device.shared_mem_per_multiprocessor //
-                                                       (chunk_slots * vec * itemsize + static_bytes)))
+                                                       (shared + static_bytes)))
         grid = max(chunks, min(p.rows * chunks, resident) // chunks * chunks)
-        launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, chunk_slots * vec * itemsize,
+        launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, shared,
                         (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
                          (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
                         cooperative=True, min_grid=chunks)
@@ -406,8 +410,82 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
+    cached = _plan_strided_cached(p, device)
+    if cached is not None:
+        return cached
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
             (I32, _safe(p)))
     launch = Launch(V.strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile})
+
+
+#: a non-last axis whose tiles (the inner positions a block takes x the reduced axis) take at
+#: least this share of a block's default shared memory is cached on chip across co-resident
+#: blocks (one read); smaller tiles are read twice by the strided tier, whose second read mostly
+#: hits the cache
+STRIDED_CACHED_MIN_TILE = 1.0
+#: threads of the on-chip strided tier (kStridedCachedThreads in softmax.cuh)
+STRIDED_CACHED_THREADS = 256
+#: bytes of a tile row of the on-chip strided tier: a 128-byte line. Measured on an H100 (axis 0
+#: of 8192 x 8192 float32): 512-byte rows (a warp of 16-byte vectors) 29% of the copy, a thread per
+#: position over 128-byte rows 63-65% (86 chunks a tile against 22: each chunk reads every partial).
+STRIDED_ROW_BYTES = 128
+
+
+#: element sizes whose rows the on-chip strided tier reads as vectors (when aligned). Measured on
+#: an H100, axis 0 of 8192 x 8192: 16-bit 8-wide vectors 25-32% of the copy against 32-41% with a
+#: thread per position (80 registers a thread, and 16 KiB of (m, d) scratch a block).
+STRIDED_VECTOR_ITEMSIZES = (4, 8)
+
+
+def strided_vec(p: StridedProblem) -> int:
+    """Inner positions a thread of the on-chip strided tier takes with one vector load: the
+    widest vector when every row of the input and output starts vector-aligned, else 1."""
+    widest = V.vector_widths(p.dtype)[1]
+    if V.DTYPES[p.dtype][2] not in STRIDED_VECTOR_ITEMSIZES:
+        return 1
+    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
+    aligned = all(v % widest == 0 for v in (p.inner, xc, yc, p.x_misalign, p.y_misalign))
+    aligned = aligned and (p.outer == 1 or (xo % widest == 0 and yo % widest == 0))
+    return widest if aligned and xi == 1 and yi == 1 else 1
+
+
+def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | None:
+    """The on-chip form of the strided tier (strided_cached), or None where it does not fit."""
+    itemsize = V.DTYPES[p.dtype][2]
+    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    vec = strided_vec(p)
+    # Threads along inner: a tile row of STRIDED_ROW_BYTES (whole cache lines, and no wider, so
+    # that a chunk of a tile holds many rows and a tile few chunks, whose partials every chunk reads).
+    inner_tile = min(device.warp_size, 1 << (ceil(p.inner / vec) - 1).bit_length(),
+                     max(1, STRIDED_ROW_BYTES // (vec * itemsize)))
+    width = inner_tile * vec  # inner positions of a tile
+    threads = STRIDED_CACHED_THREADS
+    if width * p.cols * itemsize < STRIDED_CACHED_MIN_TILE * device.shared_mem_per_block or (
+            threads > device.max_threads_per_block or threads % inner_tile):
+        return None
+    static_bytes = 2 * threads * vec * compute_bytes + 1024  # the (m, d) scratch, the runtime's share
+    chunk_budget = min(device.shared_mem_per_block_optin,
+                       device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM) - static_bytes
+    chunk_cols = chunk_budget // (width * itemsize)
+    if chunk_cols < threads // inner_tile:
+        return None
+    chunks = ceil(p.cols / chunk_cols)
+    if chunks > device.multiprocessors:
+        return None
+    chunk_cols = ceil(p.cols / chunks)
+    chunks = ceil(p.cols / chunk_cols)
+    shared = chunk_cols * width * itemsize
+    tiles = p.outer * ceil(p.inner / width)
+    resident = device.multiprocessors * max(1, min(device.max_threads_per_multiprocessor // threads,
+                                                   device.shared_mem_per_multiprocessor // (shared + static_bytes)))
+    grid = max(chunks, min(tiles * chunks, resident) // chunks * chunks)
+    args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.outer), (I64, p.cols),
+            (I64, p.inner), *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
+            (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))
+    launch = Launch(V.strided_cached_name(p.dtype, p.op, vec), grid, threads, shared, args,
+                    cooperative=True, min_grid=chunks)
+    return Plan("strided_cached", (launch,),
+                scratch=(("partials", 2 * tiles * chunks * width * compute_bytes), ("arrivals", 4 * tiles)),
+                notes={"inner_tile": inner_tile, "vec": vec, "chunks": chunks, "chunk_cols": chunk_cols})

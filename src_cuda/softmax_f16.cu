@@ -3,11 +3,15 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f16, half_t, softmax, ps::kSoftmax)
+PS_STRIDED_CACHED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 8)
 PS_STAGED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 8)
 PS_PACKED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 1, 8)
 PS_PACKED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 3, 8)
 PS_PACKED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 6, 8)
 PS_STRIDED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax)
+PS_STRIDED_CACHED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 8)
 PS_STAGED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 8)
 PS_PACKED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 1, 8)
 PS_PACKED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 3, 8)

@@ -3,8 +3,12 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f64, double, softmax, ps::kSoftmax)
+PS_STRIDED_CACHED_ENTRY(f64, double, softmax, ps::kSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f64, double, softmax, ps::kSoftmax, 2)
 PS_STAGED_ENTRY(f64, double, softmax, ps::kSoftmax, 2)
 PS_STRIDED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax)
+PS_STRIDED_CACHED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 2)
 PS_STAGED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 2)
 PS_PARTIALS_ENTRY(f64, double, 32, 1)
 PS_WARP_ENTRY(f64, double, softmax, ps::kSoftmax, 32, 1, 1, 1)

@@ -23,28 +23,13 @@ template <typename C> struct MD { C m; C d; };
 
 template <typename C> PS_DEVICE MD<C> md_identity() { MD<C> r = {ps_neg_inf<C>(), C(0)}; return r; }
 
-// max that keeps NaN, so that a NaN anywhere in a row reaches every output.
-template <typename C> PS_DEVICE C max_nan(C a, C b) { return (a > b || a != a) ? a : b; }
+template <typename C> PS_DEVICE C max_nan(C a, C b) { return ps_max_nan(a, b); }
 
 template <typename C> PS_DEVICE MD<C> md_combine(MD<C> a, MD<C> b) {
   const C m = max_nan(a.m, b.m);
   // Both sides empty or all -inf: exp(-inf - -inf) would be NaN; the sum is 0.
   if (m == ps_neg_inf<C>()) return md_identity<C>();
   MD<C> r = {m, a.d * ps_exp(a.m - m) + b.d * ps_exp(b.m - m)};
-  return r;
-}
-
-// (m, d) of N values held by one thread: max first, then one exp per value.
-template <typename C, int N> PS_DEVICE MD<C> md_of(const C* v) {
-  C m = ps_neg_inf<C>();
-#pragma unroll
-  for (int j = 0; j < N; ++j) m = max_nan(m, v[j]);
-  C d = C(0);
-  if (m != ps_neg_inf<C>()) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) d += ps_exp(v[j] - m);
-  }
-  MD<C> r = {m, d};
   return r;
 }
 
@@ -65,9 +50,10 @@ template <typename C> struct OnlineSum {
       m = top;
     }
     if (m == ps_neg_inf<C>()) return;  // nothing but -inf so far
+    const ExpMinus<C> exp_minus(m);
     C sum = C(0);
 #pragma unroll
-    for (int j = 0; j < N; ++j) sum += ps_exp(v[j] - m);
+    for (int j = 0; j < N; ++j) sum += exp_minus(v[j]);
     add(sum);
   }
   PS_DEVICE void add(C term) {  // Kahan
@@ -116,13 +102,15 @@ template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
 template <int OP, typename T> struct RowFinish {
   typedef typename compute_of<T>::type C;
   C m, scale, log_d;
+  ExpMinus<T> exp_over_d;  // exp(x - m) / d
   bool empty, safe;
+  PS_DEVICE RowFinish() : m(0), scale(0), log_d(0), exp_over_d(C(0)), empty(true), safe(false) {}
   PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(ps_log(md.d)),
-      empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
+      exp_over_d(md.m, md.d), empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
   PS_DEVICE C operator()(C x) const {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
     if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
-    return OP == kSoftmax ? exp_for<T>(x - m) * scale : (x - m) - log_d;
+    return OP == kSoftmax ? exp_over_d(x) : (x - m) - log_d;
   }
 };
 
@@ -216,9 +204,10 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   m = max_over_lanes<LANES>(m);
   C d = C(0);
   if (m != ps_neg_inf<C>()) {
+    const ExpMinus<T> exp_minus(m);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const C e = exp_for<T>(v[j] - m);
+      const C e = exp_minus(v[j]);
       d += e;
       if (OP == kSoftmax) v[j] = e;
     }
@@ -312,21 +301,15 @@ template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
                                                        Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
-  C m = ps_neg_inf<C>();
+  OnlineSum<C> acc;  // (m, d) as the loads arrive: no second pass over the cache
   for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
+    C v[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) m = max_nan(m, to_compute(raw.v[j]));
+    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    acc.template push_all<VEC>(v);
     cache[k - begin] = raw;
   });
-  C d = C(0);
-  if (m != ps_neg_inf<C>()) {
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) d += exp_for<T>(to_compute(cache[k - begin].v[j]) - m);
-    }
-  }
-  MD<C> md = {m, d};
-  return md;
+  return acc.md();
 }
 
 template <int OP, typename T, int VEC>
@@ -407,7 +390,8 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       for (i64 c = 0; c < cols; ++c) m = max_nan(m, to_compute(row[c]));
       C d = C(0);
       if (m != ps_neg_inf<C>()) {
-        for (i64 c = 0; c < cols; ++c) d += exp_for<T>(to_compute(row[c]) - m);
+        const ExpMinus<T> exp_minus(m);
+        for (i64 c = 0; c < cols; ++c) d += exp_minus(to_compute(row[c]));
       }
       MD<C> md = {m, d};
       const RowFinish<OP, T> f(md, safe != 0);
@@ -497,11 +481,35 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
 // one read and one write of the row. The launch keeps every block resident
 // (rows advance in rounds of gridDim / chunks), so the wait always ends.
 // `arrivals` (one counter per row) is zero before the launch.
+
+// The (m, d) of a whole row from its chunks' partials: publish this block's, wait for the
+// row's other chunks, merge them all.
+template <int WARP, typename C>
+PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arrivals, i64 row, i64 chunk,
+                                        i64 chunks) {
+  if (PS_THREAD_X == 0) {
+    volatile C* slot = partials + 2 * (row * chunks + chunk);
+    slot[0] = part.m;
+    slot[1] = part.d;
+    PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
+    PS_ATOMIC_ADD(arrivals + row, 1u);
+    while (PS_ATOMIC_ADD(arrivals + row, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
+    PS_THREAD_FENCE();
+  }
+  PS_SYNC();
+  MD<C> md = md_identity<C>();
+  for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
+    const volatile C* slot = partials + 2 * (row * chunks + c);
+    MD<C> other = {slot[0], slot[1]};
+    md = md_combine(md, other);
+  }
+  return md_reduce_block<WARP>(md);
+}
+
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
                             i64 rows, i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks,
                             int safe, Vec<T, VEC>* cache) {
-  typedef typename compute_of<T>::type C;
   const i64 rows_per_round = PS_GRID_DIM_X / chunks;
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
@@ -509,24 +517,9 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    const MD<C> part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
-    if (PS_THREAD_X == 0) {
-      volatile C* slot = partials + 2 * (row * chunks + chunk);
-      slot[0] = part.m;
-      slot[1] = part.d;
-      PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
-      PS_ATOMIC_ADD(arrivals + row, 1u);
-      while (PS_ATOMIC_ADD(arrivals + row, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
-      PS_THREAD_FENCE();
-    }
-    PS_SYNC();
-    MD<C> md = md_identity<C>();
-    for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
-      const volatile C* slot = partials + 2 * (row * chunks + c);
-      MD<C> other = {slot[0], slot[1]};
-      md = md_combine(md, other);
-    }
-    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md_reduce_block<WARP>(md), safe != 0));
+    const auto part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
+    const auto md = row_total_across_blocks<WARP>(part, partials, arrivals, row, chunk, chunks);
+    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md, safe != 0));
   }
 }
 
@@ -591,6 +584,134 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
         }
       }
     }
+  }
+}
+
+// ---- reduction over a non-last axis, on chip ----------------------------------------
+// strided_axis reads the tensor twice. Here a tile's reduced axis is split into `chunks` chunks
+// of chunk_cols, each cached in shared memory by one of the tile's co-resident blocks (as
+// stored, [chunk_cols][inner_tile * VEC]), which publishes one (m, d) per inner position, waits
+// only for the tile's other chunks and normalises from its cache: one read and one write, as
+// split_cached does for rows. A thread takes VEC neighbouring inner positions with one vector
+// load per row (the host checks that every row of the tile is VEC-aligned, else VEC = 1).
+// `arrivals` (one counter per tile) is zero before the launch.
+const int kStridedCachedThreads = 256;  // the launch's block size, which sizes the (m, d) scratch
+
+template <typename T, int OP, int VEC>
+PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
+                              i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col, i64 xs_inner,
+                              i64 ys_outer, i64 ys_col, i64 ys_inner, int inner_tile, i64 chunk_cols,
+                              i64 chunks, int safe, Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  PS_SHARED C part_m[kStridedCachedThreads * VEC];  // (m, d) of each thread's positions
+  PS_SHARED C part_d[kStridedCachedThreads * VEC];
+  const int kDepth = VEC >= 8 ? 2 : 8 / VEC;  // rows in flight per thread before their use
+  const int tx = PS_THREAD_X % inner_tile;
+  const int ty = PS_THREAD_X / inner_tile;
+  const int groups = PS_BLOCK_DIM_X / inner_tile;
+  const int width = inner_tile * VEC;  // inner positions of a tile
+  const i64 tiles_per_outer = (inner + width - 1) / width;
+  const i64 tiles_per_round = PS_GRID_DIM_X / chunks;
+  const i64 chunk = PS_BLOCK_X % chunks;
+  if ((i64)PS_BLOCK_X / chunks >= tiles_per_round) return;  // the grid's remainder: idle blocks
+  const i64 c_begin = chunk * chunk_cols;
+  const i64 c_end = c_begin + chunk_cols < cols ? c_begin + chunk_cols : cols;
+  for (i64 tile = PS_BLOCK_X / chunks; tile < outer * tiles_per_outer; tile += tiles_per_round) {
+    const i64 o = tile / tiles_per_outer;
+    const i64 i = (tile % tiles_per_outer) * width + (i64)tx * VEC;  // this thread's first position
+    const bool active = i < inner;  // all VEC positions or none (inner is a multiple of VEC)
+    const T* xl = x + o * xs_outer + i * xs_inner;
+    OnlineSum<C> acc[VEC];
+    for (i64 c0 = c_begin + ty; c0 < c_end; c0 += kDepth * groups) {
+      Vec<T, VEC> raw[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 c = c0 + u * groups;
+        if (active && c < c_end) {
+          raw[u] = *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) raw[u].v[j] = from_compute<T>(ps_neg_inf<C>());
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 c = c0 + u * groups;
+        if (c < c_end) cache[(c - c_begin) * inner_tile + tx] = raw[u];
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        C v[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) v[u] = to_compute(raw[u].v[j]);
+        acc[j].template push_all<kDepth>(v);
+      }
+    }
+    // This chunk's (m, d) per inner position: the column groups merge in shared memory.
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      part_m[PS_THREAD_X * VEC + j] = acc[j].m;
+      part_d[PS_THREAD_X * VEC + j] = acc[j].d;
+    }
+    PS_SYNC();
+    for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
+      MD<C> md = md_identity<C>();
+      for (int g = 0; g < groups; ++g) {
+        MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
+        md = md_combine(md, part);
+      }
+      volatile C* slot = partials + 2 * ((tile * chunks + chunk) * width + q);
+      slot[0] = md.m;
+      slot[1] = md.d;
+      PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
+    }
+    PS_SYNC();
+    if (PS_THREAD_X == 0) {
+      PS_ATOMIC_ADD(arrivals + tile, 1u);
+      while (PS_ATOMIC_ADD(arrivals + tile, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
+      PS_THREAD_FENCE();
+    }
+    PS_SYNC();
+    // The tile's (m, d) per position: each column group merges a share of the chunks.
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      MD<C> md = md_identity<C>();
+      for (i64 c = ty; c < chunks; c += groups) {
+        const volatile C* slot = partials + 2 * ((tile * chunks + c) * width + tx * VEC + j);
+        MD<C> other = {slot[0], slot[1]};
+        md = md_combine(md, other);
+      }
+      part_m[PS_THREAD_X * VEC + j] = md.m;
+      part_d[PS_THREAD_X * VEC + j] = md.d;
+    }
+    PS_SYNC();
+    for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
+      MD<C> total = md_identity<C>();
+      for (int g = 0; g < groups; ++g) {
+        MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
+        total = md_combine(total, part);
+      }
+      part_m[q] = total.m;  // row g = 0 of the scratch, read by every group below
+      part_d[q] = total.d;
+    }
+    PS_SYNC();
+    if (active) {
+      RowFinish<OP, T> finish[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const MD<C> total = {part_m[tx * VEC + j], part_d[tx * VEC + j]};
+        finish[j] = RowFinish<OP, T>(total, safe != 0);
+      }
+      T* yl = y + o * ys_outer + i * ys_inner;
+      for (i64 c = c_begin + ty; c < c_end; c += groups) {
+        const Vec<T, VEC> raw = cache[(c - c_begin) * inner_tile + tx];
+        Vec<T, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(raw.v[j])));
+        *reinterpret_cast<Vec<T, VEC>*>(yl + c * ys_col) = out;
+      }
+    }
+    PS_SYNC();  // the next tile reuses the scratch
   }
 }
 
@@ -661,3 +782,14 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     ps::packed_rows<T, OP, C, V>(x, y, rows, safe);                                                  \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_packed_##DT##_##OPN##_c##C##_v##V)
+
+#define PS_STRIDED_CACHED_ENTRY(DT, T, OPN, OP, V)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedCachedThreads) ps_strided_cached_##DT##_##OPN##_v##V(   \
+      const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 outer, ps::i64 cols, \
+      ps::i64 inner, ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi,   \
+      int inner_tile, ps::i64 chunk_cols, ps::i64 chunks, int safe) {                                \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::strided_cached<T, OP, V>(x, y, partials, arrivals, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, \
+                                 inner_tile, chunk_cols, chunks, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_strided_cached_##DT##_##OPN##_v##V)

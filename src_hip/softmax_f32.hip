@@ -4,8 +4,12 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f32, float, softmax, ps::kSoftmax)
+PS_STRIDED_CACHED_ENTRY(f32, float, softmax, ps::kSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f32, float, softmax, ps::kSoftmax, 4)
 PS_STAGED_ENTRY(f32, float, softmax, ps::kSoftmax, 4)
 PS_STRIDED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax)
+PS_STRIDED_CACHED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 1)
+PS_STRIDED_CACHED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 4)
 PS_STAGED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 4)
 PS_PARTIALS_ENTRY(f32, float, 32, 1)
 PS_WARP_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 1, 1, 1)

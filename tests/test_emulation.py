@@ -21,7 +21,7 @@ from portable_softmax import reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.api import problem_for, run_host_array
 from portable_softmax.layout import describe, normalize_axis
-from portable_softmax.planner import RowProblem, plan
+from portable_softmax.planner import STRIDED_VECTOR_ITEMSIZES, RowProblem, plan
 
 WARPS = V.WARP_SIZES
 ATOL, RTOL = 1e-6, 1e-5
@@ -236,7 +236,7 @@ SHAPES = [((300, 1), 1), ((64, 3), 1), ((67, 5), 1), ((64, 6), 1), ((40, 127), 1
           ((600, 100), 1), ((5, 1000), 1), ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1),
           ((3, 20000), 1), ((1, 20000), 1), ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
 #: every tier the planner has (tier "empty" launches nothing)
-TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided"}
+TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided", "strided_cached"}
 OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]
 
 
@@ -286,18 +286,25 @@ def assert_close(got: np.ndarray, x: np.ndarray, axis: int, op: str, safe: bool,
 
 
 def _shapes_reaching_every_tier(runtime: EmulatedRuntime, dtype: str) -> list[tuple[tuple[int, ...], int]]:
-    """SHAPES, plus the first row shape the planner sends to each row tier SHAPES misses
-    (so that moving tier boundaries cannot silently drop a tier from the test)."""
+    """SHAPES, plus the first row shape the planner sends to each row tier SHAPES misses, and the
+    first (2, cols, 41) reduced over its middle axis that is cached on chip (so that moving tier
+    boundaries cannot silently drop a tier from the test)."""
     reached = {_tier(runtime, np.empty(shape, host_dtype(dtype)), normalize_axis(axis, len(shape)), "softmax", False)
                for shape, axis in SHAPES}
     extra, cols = [], 1
-    while cols <= 1 << 17 and not TIERS - {"strided"} <= reached:
+    while cols <= 1 << 17 and not TIERS - {"strided", "strided_cached"} <= reached:
         for rows in (7, 3, 1):
             tier = _tier(runtime, np.empty((rows, cols), host_dtype(dtype)), 1, "softmax", False)
             if tier not in reached:
                 reached.add(tier)
                 extra.append(((rows, cols), 1))
         cols = cols * 5 // 4 + 1
+    cols = 8
+    while cols <= 1 << 12 and "strided_cached" not in reached:  # 41 inner positions: one a thread
+        if _tier(runtime, np.empty((2, cols, 41), host_dtype(dtype)), 1, "softmax", False) == "strided_cached":
+            reached.add("strided_cached")
+            extra.append(((2, 41, cols), 1))  # drawn with the reduced axis last, then moved to axis 1
+        cols += max(1, cols // 16)
     return SHAPES + extra
 
 
@@ -316,6 +323,35 @@ def test_every_tier_matches_the_reference(runtime, rng, dtype):
             assert_close(got, reduced, axis, op, safe, f"warp {warp} {dtype} {op} safe={safe} {shape} {tier}")
     expected = TIERS if V.packed_cols(dtype) else TIERS - {"packed"}  # packed rows: a few lengths of some dtypes
     assert tiers == expected, f"warp {warp} {dtype} reached only {sorted(tiers)}"
+
+
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_non_last_axis_cached_on_chip_with_vectors_and_without(library, rng, dtype):
+    """The on-chip strided tier with a thread per inner position and, for the element sizes that
+    take vectors, with a vector of them (rows that all start vector-aligned), on a device with room
+    for the vector form's scratch."""
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
+                                  shared_mem_per_multiprocessor=192 * 1024)
+        widths = set()
+        for inner in (128, 129):
+            cols = 8
+            while cols <= 1 << 12:
+                reduced = np.empty((2, cols, inner), host_dtype(dtype))
+                if _tier(runtime, reduced, 1, "softmax", False) == "strided_cached":
+                    break
+                cols += max(1, cols // 16)
+            x = _inputs(rng, (2, inner, cols), dtype)
+            reduced = np.ascontiguousarray(np.moveaxis(x, -1, 1))
+            layout = describe(reduced.shape, tuple(s // reduced.itemsize for s in reduced.strides), 1)
+            for op, safe in OP_CASES:
+                the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), runtime.profile(0))
+                assert the_plan.tier == "strided_cached", (warp, inner, cols, the_plan.tier)
+                widths.add(the_plan.notes["vec"])
+                got = runtime.run_plan(reduced, the_plan)
+                assert_close(got, reduced, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {reduced.shape}")
+        vectors = V.DTYPES[dtype][2] in STRIDED_VECTOR_ITEMSIZES
+        assert widths == ({1, V.vector_widths(dtype)[1]} if vectors else {1})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])

@@ -233,3 +233,55 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
     ps.softmax(x)  # plans and prepares
     monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
     assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype, cols", [("float32", 50257), ("bfloat16", 120011)])
+def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, dtype, cols):
+    """Rows too long for one block, and enough of them that every block of the on-chip split
+    takes several rows in turn (its row counters and cache are reused), contiguous and as views
+    whose rows start at varying misalignments (partial head and tail slots)."""
+    from portable_softmax import api
+
+    torch = _torch_cuda()
+    rt = _probe.runtime("cuda")
+    rows = 400
+    base = torch.from_numpy(random_input(rng, (rows, cols + 4), "float32")).to("cuda", getattr(torch, dtype))
+    views = {"contiguous": base[:, :cols].contiguous(), "column offset 1": base[:, 1 : cols + 1],
+             "flat offset 3, odd stride": base.reshape(-1)[3 : 3 + (rows - 1) * (cols + 2)].view(rows - 1, cols + 2)}
+    for name, v in views.items():
+        src = api.classify(v)
+        layout = api.describe(tuple(v.shape), src.strides, 1)
+        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
+                            rt.profile(0))
+        rows_per_block = v.shape[0] / (the_plan.launches[0].grid // the_plan.notes["chunks"])
+        assert the_plan.tier == "cached" and rows_per_block >= 3, (name, the_plan)
+        for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
+            out = torch.full_like(v, float("nan"))
+            fn(v, out=out)
+            assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, what=name)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_long_non_last_axes_are_cached_on_chip(rng, dtype):
+    """Reductions over a long non-last axis, cached across co-resident blocks: axis 0 of a
+    matrix, the middle axis of a 3-D tensor, and a column-strided view."""
+    from portable_softmax import api
+
+    torch = _torch_cuda()
+    rt = _probe.runtime("cuda")
+    tdtype = getattr(torch, dtype)
+    base = torch.from_numpy(random_input(rng, (3000, 4100), "float32")).to("cuda", tdtype)
+    cases = {"axis 0": (base, 0), "3-D middle axis": (base[:, :4096].reshape(3000, 64, 64).permute(1, 0, 2), 1),
+             "every other column, axis 0": (base[:, ::2], 0)}
+    for name, (v, axis) in cases.items():
+        src = api.classify(v)
+        layout = api.describe(tuple(v.shape), src.strides, axis)
+        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
+                            rt.profile(0))
+        assert the_plan.tier == "strided_cached", (name, the_plan.tier)
+        for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
+            out = torch.full(v.shape, float("nan"), device="cuda", dtype=tdtype)
+            fn(v, axis=axis, out=out)
+            assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), axis=axis, op=op, what=name)

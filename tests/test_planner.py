@@ -145,6 +145,40 @@ def test_strided_plan_and_errors():
         plan(RowProblem("int8", "softmax", 1, 1), PROFILES["h100"])
 
 
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dtype):
+    """axis=0 of 8192 x 8192: the reduced axis of every tile is split into chunks that fit shared
+    memory beside the (m, d) scratch, on blocks that can all be resident; short axes stay on the
+    strided tier (which reads twice)."""
+    itemsize = V.DTYPES[dtype][2]
+    compute = 8 if dtype == "float64" else 4
+    short = plan(StridedProblem(dtype, "softmax", 8, 40, 64, (2560, 64, 1), (2560, 64, 1)), device)
+    assert short.tier == "strided"
+    p = plan(StridedProblem(dtype, "log_softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1)), device)
+    if p.tier == "strided":  # float64 scratch and chunks too big for 64 KiB of shared memory
+        assert device.shared_mem_per_multiprocessor <= 64 * 1024
+        return
+    assert p.tier == "strided_cached"
+    (launch,) = p.launches
+    tile, vec, chunks, chunk_cols = (p.notes[k] for k in ("inner_tile", "vec", "chunks", "chunk_cols"))
+    assert vec == (16 // itemsize if itemsize >= 4 else 1), "aligned rows take whole vectors (not 16-bit ones)"
+    assert tile * vec * itemsize == min(128, device.warp_size * vec * itemsize), "tile rows of a cache line"
+    assert launch.block % tile == 0 and launch.block <= device.max_threads_per_block
+    assert chunks * chunk_cols >= 8192 > (chunks - 1) * chunk_cols
+    assert launch.shared_mem == chunk_cols * tile * vec * itemsize
+    assert launch.shared_mem + 2 * launch.block * vec * compute + 1024 <= device.shared_mem_per_multiprocessor // 4
+    assert launch.cooperative and launch.min_grid == chunks <= device.multiprocessors
+    assert launch.grid % chunks == 0 and launch.kernel == V.strided_cached_name(dtype, "log_softmax", vec)
+    tiles = 8192 // (tile * vec)
+    assert dict(p.scratch) == {"partials": 2 * tiles * chunks * tile * vec * compute, "arrivals": 4 * tiles}
+    # rows that do not all start vector-aligned take one position a thread
+    odd = plan(StridedProblem(dtype, "softmax", 1, 8192, 8191, (0, 8191, 1), (0, 8191, 1)), device)
+    assert odd.tier == "strided_cached" and odd.notes["vec"] == 1
+    shifted = plan(StridedProblem(dtype, "softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1), x_misalign=1), device)
+    assert shifted.notes["vec"] == 1
+
+
 def test_empty_problems_launch_nothing():
     assert plan(RowProblem("float32", "softmax", 0, 5), PROFILES["h100"]).launches == ()
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from functools import cache
 from pathlib import Path
@@ -105,7 +106,8 @@ class EmulatedRuntime:
 
     vendor = "emulated"
 
-    def __init__(self, library: EmulationLibrary, warp_size: int):
+    def __init__(self, library: EmulationLibrary, warp_size: int, **limits):
+        """``limits`` override the small default limits below (DeviceProfile fields)."""
         self.library = library
         # Small limits let small shapes reach every tier: rows of a few thousand elements leave
         # the register tier for the block tier, rows above ~24 KiB split over up to four
@@ -123,6 +125,8 @@ class EmulatedRuntime:
             max_threads_per_multiprocessor=1024,
             shared_mem_per_multiprocessor=48 * 1024,
         )
+        if limits:
+            self._profile = dataclasses.replace(self._profile, **limits)
 
     def current_device(self) -> int:
         return 0
