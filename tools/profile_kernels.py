@@ -2,19 +2,31 @@
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
         --section MemoryWorkloadAnalysis python3 tools/profile_kernels.py float16:16384x8192 ...
+
+Arguments of the form KNOB=VALUE set a planner knob (portable_softmax.planner.KNOB) for the
+shapes after them, so that two planner choices can be profiled in one run.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 
 import torch
 
 import portable_softmax as ps
+from portable_softmax import planner
 
 
 def main(specs: list[str]) -> None:
     for spec in specs:
+        if "=" in spec:
+            knob, _, value = spec.partition("=")
+            if not hasattr(planner, knob):
+                raise SystemExit(f"planner has no knob {knob!r}")
+            setattr(planner, knob, ast.literal_eval(value))
+            planner.plan.cache_clear()
+            continue
         dtype, shape = spec.split(":")
         dims = tuple(int(d) for d in shape.split("x"))
         x = (torch.randn(*dims, device="cuda") * 4).to(getattr(torch, dtype))

@@ -1,0 +1,86 @@
+"""A/B runs of planner choices in one process: every variant on the same tensor, copy and torch call.
+
+    python3 tools/ab_bench.py VARIANTS SPECS [--reps N]
+
+VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes; an
+empty list keeps the committed planner), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one
+line per (spec, op): each variant's % of the device-to-device copy, torch's, and the largest
+error against torch in float64 (every variant is checked, so a fast wrong kernel shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+
+import torch
+
+import portable_softmax as ps
+from portable_softmax import planner
+from portable_softmax.bench import _Timer, device_copies
+
+
+def parse_variants(text: str) -> list[tuple[str, dict]]:
+    variants = []
+    for item in filter(None, text.split(";")):
+        name, _, knobs = item.partition("=")
+        settings = {}
+        for knob in filter(None, knobs.split(",")):
+            key, _, value = knob.partition(":")
+            if not hasattr(planner, key):
+                raise SystemExit(f"planner has no knob {key!r}")
+            settings[key] = ast.literal_eval(value)
+        variants.append((name, settings))
+    return variants
+
+
+def use(settings: dict, defaults: dict) -> None:
+    for key, value in {**defaults, **settings}.items():
+        setattr(planner, key, value)
+    planner.plan.cache_clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("variants")
+    ap.add_argument("specs")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--ops", default="softmax,log_softmax")
+    args = ap.parse_args()
+    variants = parse_variants(args.variants)
+    defaults = {key: getattr(planner, key) for _, s in variants for key in s}
+    timer = _Timer(torch, args.reps)
+    copies = device_copies(torch)
+    print("spec op " + " ".join(name for name, _ in variants) + " torch | copyGB/s | max err of each")
+    for spec in args.specs.split(","):
+        parts = spec.split(":")
+        dtype, shape = parts[0], tuple(int(d) for d in parts[1].split("x"))
+        axis = int(parts[2]) if len(parts) > 2 else -1
+        x = (torch.randn(*shape, device="cuda") * 4).to(getattr(torch, dtype))
+        y = torch.empty_like(x)
+        copy_ms = min(timer.median_ms(lambda x=x, y=y, c=c: c(x, y)) for c in copies)
+        for op in args.ops.split(","):
+            ours = ps.softmax if op == "softmax" else ps.log_softmax
+            theirs = torch.softmax if op == "softmax" else torch.log_softmax
+            ref = theirs(x.double(), dim=axis) if x.numel() <= 1 << 28 else None
+            cells, errs = [], []
+            for _, settings in variants:
+                use(settings, defaults)
+                ms = timer.median_ms(lambda x=x, y=y, ours=ours, axis=axis: ours(x, axis=axis, out=y))
+                cells.append(100 * copy_ms / ms)
+                y.fill_(float("nan"))
+                ours(x, axis=axis, out=y)
+                if ref is not None:
+                    errs.append(float((y.double() - ref).abs().nan_to_num(1e30).max()))
+            use({}, defaults)
+            torch_pct = 100 * copy_ms / timer.median_ms(lambda x=x, theirs=theirs, axis=axis: theirs(x, dim=axis))
+            copy_gbs = 2 * x.numel() * x.element_size() / copy_ms / 1e6
+            print(f"{spec} {op} " + " ".join(f"{c:.0f}" for c in cells) + f" {torch_pct:.0f} | {copy_gbs:.0f} | "
+                  + " ".join(f"{e:.1e}" for e in errs), flush=True)
+            del ref
+        del x, y
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
