@@ -3,11 +3,13 @@
 Loads the AOT fatbin of a dtype (``kernels/softmax_<tag>.fatbin``) as a module;
 when it holds no code for the device, compiles the packaged source with NVRTC
 for the device's arch (cupy caches the binary on disk). Launches go through
-cuLaunchKernel on the caller's stream with the plan's packed arguments.
+cuLaunchKernel on the caller's stream with the plan's packed arguments; prepared
+repeat-call launchers call it from C (``_fastlaunch``) where that module is built.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from typing import Any
@@ -15,11 +17,25 @@ from typing import Any
 import numpy as np
 
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
+from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_status, source_dir
 from .planner import PTR, DeviceProfile, Plan, one_wave
 
+_STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_DEFAULT_DYNAMIC_SHARED = 48 * 1024
+#: a block's static and dynamic shared memory together, without opting in
+_DEFAULT_SHARED = 48 * 1024
+#: the CUDA driver library, where cuLaunchKernel lives (cupy has it loaded already)
+_DRIVER_LIBRARIES = ("nvcuda.dll",) if os.name == "nt" else ("libcuda.so.1", "libcuda.so")
+
+
+def cuda_launch_entry_point() -> int | None:
+    """The address of the driver's cuLaunchKernel, for the compiled launcher; None if not found."""
+    for name in _DRIVER_LIBRARIES:
+        try:
+            return ctypes.cast(ctypes.CDLL(name).cuLaunchKernel, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 class CudaRuntime:
@@ -41,6 +57,7 @@ class CudaRuntime:
         self._occupancy: dict[tuple[int, int, int], int] = {}
         self._dynamic_shared_limit: dict[int, int] = {}
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
+        self._entry_point: int | None = None
 
     # ---- probe ---------------------------------------------------------------------
     def profile(self, device: int) -> DeviceProfile:
@@ -103,7 +120,10 @@ class CudaRuntime:
             kernel = self._module(device, dtype).get_function(name)  # a RawKernel around a driver Function
             ptr = kernel.kernel.ptr
             self._functions[key] = ptr
-        if shared_mem > self._dynamic_shared_limit.get(ptr, _DEFAULT_DYNAMIC_SHARED):
+            # Without opting in, static and dynamic shared memory share 48 KiB.
+            static = self.driver.funcGetAttribute(_STATIC_SHARED, ptr)
+            self._dynamic_shared_limit[ptr] = _DEFAULT_SHARED - static
+        if shared_mem > self._dynamic_shared_limit[ptr]:
             self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)
             self._dynamic_shared_limit[ptr] = shared_mem  # raised once, not on every launch
         return ptr
@@ -123,17 +143,55 @@ class CudaRuntime:
             grid = self.resident_grid(fn, step, device)
             self.driver.launchKernel(fn, grid, 1, 1, step.block, 1, 1, step.shared_mem, stream, packed.address, 0)
 
+    def launch_entry_point(self) -> int | None:
+        """cuLaunchKernel's address for the compiled launcher (looked up once)."""
+        if self._entry_point is None:
+            self._entry_point = cuda_launch_entry_point() or 0
+        return self._entry_point or None
+
+    def launcher_kind(self) -> str:
+        """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
+        status = launcher_status()
+        if status.startswith("compiled") and not self.launch_entry_point():
+            return "python (cuLaunchKernel not found in the CUDA driver library)"
+        return status
+
+    def _describe_error(self, code: int) -> str:
+        return str(self.driver.CUDADriverError(code))  # "CUDA_ERROR_...: text", from the driver
+
     def prepare(self, plan: Plan, dtype: str, device: int):
-        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream)."""
-        steps = []
+        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream).
+
+        It launches from C (``_fastlaunch``) where that module is built, else from Python; either
+        way it first makes ``device`` current if it is not.
+        """
+        functions, grids = [], []
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
-            grid = self.resident_grid(fn, step, device)
+            functions.append(fn)
+            grids.append(self.resident_grid(fn, step, device))
+        current_device = self.current_device
+        fast = compiled_launcher(self.launch_entry_point(), plan, functions, grids, describe=self._describe_error)
+        if fast is not None:
+            launch = fast.launch  # the bound C method: no argument tuple per call
+            if self.device_count == 1:
+                return launch  # one device: it is the current one
+
+            def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+                if current_device() != device:
+                    with self.cupy.cuda.Device(device):
+                        return launch(x_ptr, y_ptr, stream)
+                return launch(x_ptr, y_ptr, stream)
+
+            return launcher
+
+        steps = []
+        for step, fn, grid in zip(plan.launches, functions, grids):
             packed = PackedArgs(step.args, {"x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
             steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
-        launch_kernel, current_device, lock = self.driver.launchKernel, self.current_device, threading.Lock()
+        launch_kernel, lock = self.driver.launchKernel, threading.Lock()
 
         def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
             if current_device() != device:

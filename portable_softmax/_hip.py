@@ -4,7 +4,8 @@ Loads the AOT code-object bundle of a dtype (``kernels/softmax_<tag>.hsaco``)
 with hipModuleLoadData when it holds code for the device's target; otherwise
 compiles the packaged ``src_hip/`` source with hipRTC for exactly that target
 and caches the code object on disk. Launches go through hipModuleLaunchKernel
-on the caller's stream with the plan's packed arguments.
+on the caller's stream with the plan's packed arguments; prepared repeat-call
+launchers call it from C (``_fastlaunch``) where that module is built.
 
 Everything that does not need a GPU (error mapping, target matching, bundle
 parsing, the device profile, hipRTC compilation and its cache) is a plain
@@ -20,6 +21,7 @@ import os
 import struct
 import tempfile
 import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, inline_source, source_dir
+from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_status, source_dir
 from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
@@ -244,6 +246,36 @@ def hiprtc_library_candidates() -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def hip_runtime_library_candidates() -> list[str]:
+    """Names under which the HIP runtime hip-python drives may be loaded: its own finder's path
+    first, then the sonames of ROCm 7, 6 and 5."""
+    names = []
+    try:
+        from rocm.bindings.util.paths import get_library_path
+
+        names.append(os.fsdecode(get_library_path("amdhip64")))
+    except Exception:  # older hip-python opens the library by soname
+        pass
+    names += ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"]
+    return list(dict.fromkeys(names))
+
+
+def hip_launch_entry_point(names: list[str] | None = None) -> int | None:
+    """The address of hipModuleLaunchKernel in the HIP runtime this process has already loaded,
+    for the compiled launcher; None if none is loaded.
+
+    Only an already-loaded library will do (RTLD_NOLOAD): a second copy of the runtime would not
+    know the modules and streams that hip-python's copy created.
+    """
+    mode = getattr(os, "RTLD_NOLOAD", 0)
+    for name in hip_runtime_library_candidates() if names is None else names:
+        try:
+            return ctypes.cast(ctypes.CDLL(name, mode=mode).hipModuleLaunchKernel, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
 def hiprtc_options(target: str) -> list[str]:
     """hipRTC options for one target ID (features included, so the code loads on that device)."""
     return [f"--gpu-architecture={target}", "-O3", "-std=c++17"]
@@ -378,6 +410,7 @@ class HipRuntime:
         self._hiprtc: HipRtc | None = None
         self.jit_cache = HipRtcCache()
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:hiprtc ..."
+        self._entry_point: int | None = None
 
     def _describe(self, err) -> str:
         result = self.hip.hipGetErrorString(err)
@@ -493,15 +526,57 @@ class HipRuntime:
                 self._call("hipModuleLaunchKernel", fn, grid, 1, 1, step.block, 1, 1, step.shared_mem,
                            stream, packed.address, None)
 
+    def launch_entry_point(self) -> int | None:
+        """hipModuleLaunchKernel's address in the library hip-python loaded (looked up once), for
+        the compiled launcher; None for a stand-in for hip-python, which has no library."""
+        if self._entry_point is None:
+            real = isinstance(self.hip, types.ModuleType)
+            self._entry_point = (hip_launch_entry_point() if real else None) or 0
+        return self._entry_point or None
+
+    def launcher_kind(self) -> str:
+        """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
+        status = launcher_status()
+        if status.startswith("compiled") and not self.launch_entry_point():
+            return "python (hipModuleLaunchKernel not found in a loaded HIP runtime library)"
+        return status
+
+    def _describe_error(self, code: int) -> str:
+        try:
+            err = self.hip.hipError_t(code)
+            return f"{error_name(err)}: {self._describe(err)}"
+        except Exception:  # a code hip-python does not know
+            return error_name(code)
+
     def prepare(self, plan: Plan, dtype: str, device: int):
-        """A launcher for repeat calls of one plan (no scratch): launcher(x_ptr, y_ptr, stream)."""
+        """A launcher for repeat calls of one plan (no scratch): launcher(x_ptr, y_ptr, stream).
+
+        It launches from C (``_fastlaunch``) where that module is built, else from Python; either
+        way on ``device``, made current for the call where the process has several.
+        """
         with _on_device(self, device):
-            prepared = []
-            for fn, grid, step in self._prepared_steps(plan, dtype, device):
-                packed = PackedArgs(step.args, {"x": 0, "y": 0})
-                x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
-                y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-                prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
+            prepared_steps = self._prepared_steps(plan, dtype, device)
+        fast = None
+        if self.launch_entry_point():
+            fast = compiled_launcher(self.launch_entry_point(), plan, [int(fn) for fn, _, _ in prepared_steps],
+                                     [grid for _, grid, _ in prepared_steps], describe=self._describe_error)
+        if fast is not None:
+            launch = fast.launch  # the bound C method: no argument tuple per call
+            if self.device_count == 1:
+                return launch  # one device: it is current (as _on_device assumes)
+
+            def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+                with _on_device(self, device):
+                    launch(x_ptr, y_ptr, stream)
+
+            return launcher
+
+        prepared = []
+        for fn, grid, step in prepared_steps:
+            packed = PackedArgs(step.args, {"x": 0, "y": 0})
+            x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
+            y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
+            prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
         launch_kernel, lock = self.hip.hipModuleLaunchKernel, threading.Lock()
 
         def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:

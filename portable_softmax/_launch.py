@@ -1,15 +1,24 @@
-"""Vendor-neutral pieces of a launch: kernel-parameter packing and the kernel files.
+"""Vendor-neutral pieces of a launch: kernel-parameter packing, the compiled launcher and the
+kernel files.
 
-``pack_args`` builds the ``void**`` array that cuLaunchKernel and
-hipModuleLaunchKernel both take, from a plan's (kind, value) arguments.
+``PackedArgs`` builds the ``void**`` array that cuLaunchKernel and hipModuleLaunchKernel both
+take, from a plan's (kind, value) arguments. ``compiled_launcher`` wraps a plan's launches in
+``_fastlaunch.Launcher`` (C), which replays them per call with new x / y pointers and stream
+through either entry point, given by address: the two share one C signature.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
-from .planner import I32, I64, PTR
+from .planner import I32, I64, PTR, Plan
 
 _CTYPES = {PTR: ctypes.c_void_p, I64: ctypes.c_int64, I32: ctypes.c_int32}
 
@@ -58,6 +67,121 @@ class PackedArgs:
     @property
     def address(self) -> int:
         return ctypes.addressof(self.pointers)
+
+
+# ---- the compiled launcher ------------------------------------------------------------------------
+#: the _fastlaunch.ABI this Python side is written against (portable_softmax/_fastlaunch.c)
+FASTLAUNCH_ABI = 1
+#: "python" makes prepared launchers launch from Python even where the compiled one is available
+LAUNCHER_ENV = "PORTABLE_SOFTMAX_LAUNCHER"
+
+
+def _installed_fastlaunch() -> ModuleType | None:
+    """The extension as `pip install` put it beside the installed package, for a source checkout
+    that is imported ahead of it (``python -m pytest`` in the repository): the checkout holds only
+    the C source."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(str(distribution("portable_softmax").locate_file("portable_softmax"))).resolve()
+    except (PackageNotFoundError, ImportError, OSError):
+        return None
+    if installed == PACKAGE_DIR or not installed.is_dir():
+        return None
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = installed / f"_fastlaunch{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(f"{__package__}._fastlaunch", path)
+            if spec is None or spec.loader is None:
+                continue
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[spec.name] = module  # later imports of the name get this one
+            return module
+    return None
+
+
+def _load_fastlaunch() -> tuple[ModuleType | None, str]:
+    try:
+        from . import _fastlaunch as module
+    except ImportError as e:
+        try:
+            module = _installed_fastlaunch()
+        except Exception as e2:  # found but not loadable (another platform's build, say)
+            return None, f"the installed _fastlaunch does not load: {e2}"
+        if module is None:
+            built = _build_info().get("fastlaunch")
+            if built is False:
+                return None, "the package was built without _fastlaunch"
+            return None, f"_fastlaunch is not importable: {e}"
+    if getattr(module, "ABI", None) != FASTLAUNCH_ABI:
+        return None, f"{module.__file__} has ABI {getattr(module, 'ABI', None)}, this package needs {FASTLAUNCH_ABI}"
+    return module, str(module.__file__)
+
+
+def _build_info() -> dict:
+    import json
+
+    try:
+        return json.loads((KERNEL_DIR / "build_info.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+_FASTLAUNCH, _FASTLAUNCH_WHERE = _load_fastlaunch()
+
+
+def fastlaunch_module() -> ModuleType | None:
+    """The compiled launcher module (``_fastlaunch``), or None where it is not available here."""
+    return _FASTLAUNCH
+
+
+def launcher_status() -> str:
+    """Which launcher prepared repeat calls use: 'compiled (PATH)', or 'python (WHY)'."""
+    if os.environ.get(LAUNCHER_ENV, "").lower() == "python":
+        return f"python ({LAUNCHER_ENV}=python)"
+    if _FASTLAUNCH is None:
+        return f"python ({_FASTLAUNCH_WHERE})"
+    return f"compiled ({_FASTLAUNCH_WHERE})"
+
+
+def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
+                   buffers: Mapping[str, int] | None = None) -> list[tuple]:
+    """A plan's launches as ``_fastlaunch.Launcher`` steps.
+
+    ``functions`` and ``grids`` hold each launch's function handle and the grid the runtime
+    launches it with (after ``one_wave``). Buffer arguments other than "x" and "y" (scratch)
+    take their address from ``buffers``; "x" and "y" stay names, filled on every call.
+    """
+    if not (len(plan.launches) == len(functions) == len(grids)):
+        raise ValueError(f"{len(plan.launches)} launches, {len(functions)} functions, {len(grids)} grids")
+    buffers = buffers or {}
+    steps = []
+    for step, fn, grid in zip(plan.launches, functions, grids):
+        args = []
+        for kind, value in step.args:
+            if kind == PTR and value not in ("x", "y"):
+                if value not in buffers:
+                    raise KeyError(f"the launch needs buffer {value!r}, which was not provided")
+                value = buffers[value]
+            args.append((kind, value))
+        steps.append((step.kernel, int(fn), int(grid), step.block, step.shared_mem, tuple(args)))
+    return steps
+
+
+def compiled_launcher(entry_point: int | None, plan: Plan, functions: Sequence[int], grids: Sequence[int],
+                      buffers: Mapping[str, int] | None = None,
+                      describe: Callable[[int], str] | None = None):
+    """A ``_fastlaunch.Launcher`` for the plan over the launch entry point at ``entry_point``
+    (cuLaunchKernel or hipModuleLaunchKernel), or None where the compiled launcher is not
+    available, the entry point is unknown, or PORTABLE_SOFTMAX_LAUNCHER=python asks for Python.
+
+    ``describe(code)`` names a failed launch's status in the LaunchError it raises.
+    """
+    if _FASTLAUNCH is None or not entry_point or os.environ.get(LAUNCHER_ENV, "").lower() == "python":
+        return None
+    steps = compiled_steps(plan, functions, grids, buffers)
+    return _FASTLAUNCH.Launcher(entry_point, steps, describe)
 
 
 def source_dir(vendor: str) -> Path:

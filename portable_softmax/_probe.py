@@ -85,12 +85,16 @@ def host_backend() -> str:
 
 def backend_info() -> dict:
     """The probe's report: backend, why, runtime versions, device and where kernels come from."""
+    from ._launch import launcher_status
+
     name, reasons = _choice(os.environ.get(ENV_VAR) or None)
     info: dict = {"backend": name, "why": dict(reasons), "package_version": __version__}
     if name == "cpu":
         import numpy
 
-        info.update(runtime_package=f"numpy {numpy.__version__}", device="host CPU")
+        # what repeat calls of GPU arrays would launch through: a property of the installation
+        info.update(runtime_package=f"numpy {numpy.__version__}", device="host CPU",
+                    repeat_call_launcher=launcher_status())
         return info
     rt = runtime(name)
     dev = rt.current_device()
@@ -106,5 +110,6 @@ def backend_info() -> dict:
         shared_mem_per_block_optin=prof.shared_mem_per_block_optin,
         kernel_source=rt.kernel_source(dev, "float32"),
         jit_cache_dir=rt.cache_dir(),
+        repeat_call_launcher=rt.launcher_kind() if hasattr(rt, "launcher_kind") else launcher_status(),
     )
     return info
