@@ -62,10 +62,15 @@ class DeviceArray:
 
 def torch_current_stream(torch, device_index: int) -> int:
     """torch's current stream on a device, as a raw handle (no Stream object per call)."""
+    return torch_stream_reader(torch)(device_index)
+
+
+def torch_stream_reader(torch):
+    """device_index -> torch's current raw stream handle on that device, as cheap as torch has it."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+        return raw
+    return lambda device_index: torch.cuda.current_stream(device_index).cuda_stream
 
 
 class TorchDevice(DeviceArray):

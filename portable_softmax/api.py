@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _probe
-from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_current_stream
+from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_stream_reader
 from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
@@ -70,15 +70,15 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
-    if out is None and _is_torch_cuda(x):
+    if out is None and type(x) is _TORCH_TENSOR:  # CPU tensors are never prepared: their key misses
         y = _run_prepared(x, axis, op, safe)
         if y is not None:
             return y
     src = classify(x)
-    axis = normalize_axis(axis, len(src.shape))
+    given_axis, axis = axis, normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)
     if src.on_device:
-        return _run_device(src, axis, op, safe, dst, out)
+        return _run_device(src, axis, op, safe, dst, out, given_axis)
     return _run_host(src, axis, op, safe, dst, out)
 
 
@@ -123,7 +123,8 @@ def problem_for(dtype: str, op: str, safe: bool, xl: Rows | Strided, yl: Rows | 
         return RowProblem(dtype, op, xl.rows, xl.cols, xl.row_stride, yl.row_stride,
                           element_misalign(x_ptr, dtype), element_misalign(y_ptr, dtype), safe)
     xs, ys = (_as_strided(xl), _as_strided(yl))
-    return StridedProblem(dtype, op, xs.outer, xs.cols, xs.inner, xs.strides, ys.strides, safe)
+    return StridedProblem(dtype, op, xs.outer, xs.cols, xs.inner, xs.strides, ys.strides, safe,
+                          element_misalign(x_ptr, dtype), element_misalign(y_ptr, dtype))
 
 
 def _as_strided(layout: Rows | Strided) -> Strided:
@@ -146,7 +147,8 @@ def run_host_array(rt, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndar
 
 
 # ---- device arrays -------------------------------------------------------------------------
-def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArray | None, out):
+def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArray | None, out,
+                given_axis: int | None = None):
     rt = _probe.runtime(src.vendor)
     original = src.array
     shape = tuple(src.shape)
@@ -171,7 +173,9 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     the_plan = plan(problem, rt.profile(src.device_index))
     _launch(rt, src, the_plan, target.ptr)
     if dst is None and not the_plan.scratch and src.array is original and _is_torch_cuda(original):
-        _remember(original, axis, op, safe, rt.prepare(the_plan, src.dtype, src.device_index))
+        # Keyed by the axis as the caller wrote it: a repeat call need not normalise it.
+        _remember(original, axis if given_axis is None else given_axis, op, safe,
+                  rt.prepare(the_plan, src.dtype, src.device_index))
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -193,42 +197,48 @@ def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
 # A model calls softmax on tensors of the same shape again and again. After the first call,
 # the launches of a (dtype, shape, strides, alignment, axis, op, safe, device) are kept
 # ready, so a repeat call reads a few attributes, allocates the output and launches.
-_TORCH_TENSOR: type | None = None
+_TORCH = None
+_TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
 _prepared: dict = {}
 _PREPARED_LIMIT = 4096
 
 
 def _is_torch_cuda(x) -> bool:
-    global _TORCH_TENSOR
-    if _TORCH_TENSOR is None:
+    global _TORCH, _TORCH_TENSOR, _current_stream
+    if _TORCH is None:
         if type(x).__module__.split(".")[0] != "torch":
             return False
         import torch
 
-        _TORCH_TENSOR = torch.Tensor
-    return isinstance(x, _TORCH_TENSOR) and x.is_cuda
+        _TORCH, _TORCH_TENSOR, _current_stream = torch, torch.Tensor, torch_stream_reader(torch)
+    return isinstance(x, _TORCH.Tensor) and x.is_cuda
 
 
 def _prepared_key(x, axis, op, safe):
-    return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.device)
+    return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
 
 
 def _remember(x, axis, op, safe, launcher) -> None:
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()
-    _prepared[_prepared_key(x, axis, op, safe)] = launcher
+    # A contiguous input's empty_like is the contiguous output the launches were planned for.
+    _prepared[_prepared_key(x, axis, op, safe)] = (launcher, x.is_contiguous())
 
 
 def _run_prepared(x, axis, op, safe):
-    try:
-        axis = normalize_axis(axis, x.dim())  # planned calls are keyed by the normalised axis
-    except (IndexError, TypeError):
-        return None  # the full path raises the error
-    launcher = _prepared.get(_prepared_key(x, axis, op, safe))
-    if launcher is None:
+    """The prepared launches of this call's key, or None (the full path plans, checks and
+    remembers). The axis is the caller's: an axis out of range never has launches kept."""
+    if type(axis) is not int:  # bools and other types equal to ints go the checked way
         return None
-    import torch
-
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launcher(x.data_ptr(), y.data_ptr(), torch_current_stream(torch, x.device.index))
+    entry = _prepared.get(_prepared_key(x, axis, op, safe))
+    if entry is None:
+        return None
+    launcher, contiguous = entry
+    # empty_like costs 2-3 us less than torch.empty(shape, ...); its plain form less than with a format
+    y = _TORCH.empty_like(x) if contiguous else _TORCH.empty_like(x, memory_format=_TORCH.contiguous_format)
+    launcher(x.data_ptr(), y.data_ptr(), _current_stream(x.get_device()))
     return y
+
+
+def _current_stream(device_index: int) -> int:  # replaced by torch's reader once torch is seen
+    raise RuntimeError("torch has not been seen")
