@@ -431,6 +431,8 @@ STRIDED_CACHED_THREADS = 256
 #: of 8192 x 8192 float32): 512-byte rows (a warp of 16-byte vectors) 29% of the copy, a thread per
 #: position over 128-byte rows 63-65% (86 chunks a tile against 22: each chunk reads every partial).
 STRIDED_ROW_BYTES = 128
+#: chunks of the on-chip strided tier a multiprocessor holds
+STRIDED_CHUNKS_PER_SM = 4
 
 
 #: element sizes whose rows the on-chip strided tier reads as vectors (when aligned). Measured on
@@ -467,7 +469,7 @@ def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | Non
         return None
     static_bytes = 2 * threads * vec * compute_bytes + 1024  # the (m, d) scratch, the runtime's share
     chunk_budget = min(device.shared_mem_per_block_optin,
-                       device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM) - static_bytes
+                       device.shared_mem_per_multiprocessor // STRIDED_CHUNKS_PER_SM) - static_bytes
     chunk_cols = chunk_budget // (width * itemsize)
     if chunk_cols < threads // inner_tile:
         return None

@@ -155,8 +155,8 @@ template <> PS_DEVICE half_t from_compute<half_t>(float v) { return __float2half
 template <> PS_DEVICE bfloat16_t from_compute<bfloat16_t>(float v) { return __float2bfloat16_rn(v); }
 
 // ---- math ------------------------------------------------------------------
-// Full-precision exp/log, for what happens once per row or per merge of two (m, d) pairs
-// (rescaling by exp(m_old - m_new) compounds its error); per-element exps use ExpMinus below.
+// Full-precision exp/log, for what happens once per row (and a thread's rare rescale of its
+// running sum); per-element exps and merges of (m, d) pairs use ExpMinus below.
 PS_DEVICE float ps_exp(float v) { return expf(v); }
 PS_DEVICE double ps_exp(double v) { return exp(v); }
 PS_DEVICE float ps_log(float v) { return logf(v); }

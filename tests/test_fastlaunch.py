@@ -370,8 +370,9 @@ class StubDriver:
 class StubCuda(_cuda.CudaRuntime):
     """CudaRuntime with the GPU parts replaced: fixed handles and grids, a device counter."""
 
-    def __init__(self, entry_point, device_now=0):
+    def __init__(self, entry_point, device_now=0, device_count=2):
         self.driver = StubDriver()
+        self.device_count = device_count
         self.entered = []
         self.device_now = device_now
         self._entry_point = entry_point
@@ -422,6 +423,12 @@ def test_cuda_prepare_launches_through_the_compiled_launcher(fl, stub, rng):
     launcher(y, x, 7)
     assert rt.entered == [0]
     check_calls(fl._recorded()[-len(the_plan.launches):], the_plan, functions, grids, {"x": y, "y": x}, 7)
+
+    single = StubCuda(stub, device_count=1)  # one device is always the current one: the C launch itself
+    launch = single.prepare(the_plan, "bfloat16", 0)
+    assert isinstance(launch.__self__, fl.Launcher)
+    launch(x, y, 5)
+    check_calls(fl._recorded()[-len(the_plan.launches):], the_plan, functions, grids, {"x": x, "y": y}, 5)
 
 
 def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, rng, monkeypatch):
