@@ -105,6 +105,21 @@ def split_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_split_cached_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
 
+#: blocks of a thread block cluster that split a row (NVIDIA sm_90 and newer); clusters of 8
+#: measured no faster than the on-chip split tier (planner.CLUSTER_SPLIT)
+CLUSTER_SIZES = (2, 4)
+
+
+def cluster_name(dtype: str, op: str, vec: int, cluster: int) -> str:
+    """A row split over the blocks of a thread block cluster (warp 32: NVIDIA only)."""
+    return f"ps_split_cluster_{DTYPES[dtype][0]}_{op}_w32_v{vec}_c{cluster}"
+
+
+def cluster_names(dtype: str) -> list[str]:
+    """The cluster kernels of one dtype, built for NVIDIA only."""
+    return [cluster_name(dtype, op, vec, c) for vec in vector_widths(dtype) for op in OPS for c in CLUSTER_SIZES]
+
+
 def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
@@ -191,6 +206,12 @@ def render_source(dtype: str) -> str:
         for cols in packed_cols(dtype):
             out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)
+    out.append("#if PS_CLUSTERS  // thread block clusters: NVIDIA only")
+    for vec in vector_widths(dtype):
+        for op, enum in OPS.items():
+            for c in CLUSTER_SIZES:
+                out.append(f"PS_CLUSTER_ENTRY({tag}, {ctype}, {op}, {enum}, 32, {vec}, {c})")
+    out.append("#endif")
     out.append("#if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA")
     out += _entry_lines(dtype, 64)
     out.append("#endif")

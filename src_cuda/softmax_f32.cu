@@ -74,6 +74,16 @@ PS_WARP_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 32, 16, 4)
 PS_BLOCK_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 4)
 PS_SPLIT_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 4)
 PS_CACHED_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 4)
+#if PS_CLUSTERS  // thread block clusters: NVIDIA only
+PS_CLUSTER_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 1, 2)
+PS_CLUSTER_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 1, 4)
+PS_CLUSTER_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 1, 2)
+PS_CLUSTER_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 1, 4)
+PS_CLUSTER_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 4, 2)
+PS_CLUSTER_ENTRY(f32, float, softmax, ps::kSoftmax, 32, 4, 4)
+PS_CLUSTER_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 4, 2)
+PS_CLUSTER_ENTRY(f32, float, log_softmax, ps::kLogSoftmax, 32, 4, 4)
+#endif
 #if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA
 PS_PARTIALS_ENTRY(f32, float, 64, 1)
 PS_WARP_ENTRY(f32, float, softmax, ps::kSoftmax, 64, 1, 1, 1)

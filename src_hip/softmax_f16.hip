@@ -79,6 +79,16 @@ PS_WARP_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 32, 8, 8)
 PS_BLOCK_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8)
 PS_SPLIT_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8)
 PS_CACHED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8)
+#if PS_CLUSTERS  // thread block clusters: NVIDIA only
+PS_CLUSTER_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 1, 2)
+PS_CLUSTER_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 1, 4)
+PS_CLUSTER_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 1, 2)
+PS_CLUSTER_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 1, 4)
+PS_CLUSTER_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 8, 2)
+PS_CLUSTER_ENTRY(f16, half_t, softmax, ps::kSoftmax, 32, 8, 4)
+PS_CLUSTER_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8, 2)
+PS_CLUSTER_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8, 4)
+#endif
 #if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA
 PS_PARTIALS_ENTRY(f16, half_t, 64, 1)
 PS_WARP_ENTRY(f16, half_t, softmax, ps::kSoftmax, 64, 1, 1, 1)

@@ -236,30 +236,43 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype, cols", [("float32", 50257), ("bfloat16", 120011)])
-def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, dtype, cols):
-    """Rows too long for one block, and enough of them that every block of the on-chip split
-    takes several rows in turn (its row counters and cache are reused), contiguous and as views
-    whose rows start at varying misalignments (partial head and tail slots)."""
-    from portable_softmax import api
+@pytest.mark.parametrize("dtype, cols, tier", [("float32", 50257, "cached"), ("bfloat16", 120011, "cached"),
+                                               ("float32", 50257, "cluster")])
+def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatch, dtype, cols, tier):
+    """Rows too long for one block, contiguous and as views whose rows start at varying
+    misalignments (partial head and tail slots): blocks that merge through global memory, each
+    taking several rows in turn (cached), and a cluster of blocks per row (cluster, sm_90+)."""
+    from portable_softmax import api, planner
 
     torch = _torch_cuda()
     rt = _probe.runtime("cuda")
+    if tier == "cluster" and not planner.has_clusters(rt.profile(0)):
+        pytest.skip(f"{rt.profile(0).arch} has no thread block clusters")
+    monkeypatch.setattr(planner, "CLUSTER_SPLIT", tier == "cluster")
+    planner.plan.cache_clear()
+    api._prepared.clear()
     rows = 400
     base = torch.from_numpy(random_input(rng, (rows, cols + 4), "float32")).to("cuda", getattr(torch, dtype))
     views = {"contiguous": base[:, :cols].contiguous(), "column offset 1": base[:, 1 : cols + 1],
              "flat offset 3, odd stride": base.reshape(-1)[3 : 3 + (rows - 1) * (cols + 2)].view(rows - 1, cols + 2)}
-    for name, v in views.items():
-        src = api.classify(v)
-        layout = api.describe(tuple(v.shape), src.strides, 1)
-        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
-                            rt.profile(0))
-        rows_per_block = v.shape[0] / (the_plan.launches[0].grid // the_plan.notes["chunks"])
-        assert the_plan.tier == "cached" and rows_per_block >= 3, (name, the_plan)
-        for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
-            out = torch.full_like(v, float("nan"))
-            fn(v, out=out)
-            assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, what=name)
+    try:
+        for name, v in views.items():
+            src = api.classify(v)
+            layout = api.describe(tuple(v.shape), src.strides, 1)
+            the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
+                                rt.profile(0))
+            step = the_plan.launches[0]
+            grid = rt.resident_grid(rt.function(0, src.dtype, step.kernel, step.shared_mem), step, 0)
+            rows_per_block = v.shape[0] / (grid // the_plan.notes["chunks"])
+            assert the_plan.tier == tier, (name, the_plan)
+            assert tier == "cluster" or rows_per_block >= 3, (name, the_plan, grid)
+            for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
+                out = torch.full_like(v, float("nan"))
+                fn(v, out=out)
+                assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, what=name)
+    finally:
+        planner.plan.cache_clear()
+        api._prepared.clear()
 
 
 @needs_cuda

@@ -8,7 +8,15 @@ import pytest
 
 from portable_softmax import _variants as V
 from portable_softmax.layout import Rows, Strided, describe
-from portable_softmax.planner import DeviceProfile, PlanError, RowProblem, StridedProblem, plan
+from portable_softmax.planner import (
+    CLUSTER_ITEMSIZES,
+    DeviceProfile,
+    PlanError,
+    RowProblem,
+    StridedProblem,
+    has_clusters,
+    plan,
+)
 
 PROFILES = {"h100": DeviceProfile.h100(), "mi300x": DeviceProfile.mi300x(), "rdna3": DeviceProfile.rdna3()}
 COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047, 2048, 2049, 4096, 4097,
@@ -16,14 +24,15 @@ COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047
 ROWS = (1, 7, 128, 100000, 1 << 22)
 
 
-def _compiled_names(dtype: str, warp: int) -> set[str]:
-    return set(V.entry_names(dtype, warp)) | set(V.warp_free_names(dtype))
+def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
+    names = set(V.entry_names(dtype, warp)) | set(V.warp_free_names(dtype))
+    return names | set(V.cluster_names(dtype)) if clusters else names
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
-    names = _compiled_names(dtype, device.warp_size)
+    names = _compiled_names(dtype, device.warp_size, has_clusters(device))
     tiers = set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
         if rows * cols > 1 << 40:
@@ -47,6 +56,12 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             (launch,) = p.launches
             v = next(w for w in V.warp_variants(dtype, op, device.warp_size, p.notes["vec"]) if w.name == launch.kernel)
             assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
+        if p.tier == "cluster":  # a cluster's blocks hold the row, and the grid is whole clusters
+            (launch,) = p.launches
+            assert p.notes["chunks"] in V.CLUSTER_SIZES and launch.min_grid == p.notes["chunks"]
+            assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"] and launch.grid % launch.min_grid == 0
+            assert launch.kernel == V.cluster_name(dtype, op, p.notes["vec"], p.notes["chunks"])
+            assert launch.shared_mem + static <= device.shared_mem_per_multiprocessor // 4
         if p.tier in ("split", "cached"):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
             assert dict(p.scratch)["partials"] >= 2 * rows * p.notes["chunks"] * 4
@@ -55,7 +70,9 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
-    assert tiers == {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
+    expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
+    clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
+    assert tiers == expected | ({"cluster"} if clusters else set())
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -177,6 +194,20 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     assert odd.tier == "strided_cached" and odd.notes["vec"] == 1
     shifted = plan(StridedProblem(dtype, "softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1), x_misalign=1), device)
     assert shifted.notes["vec"] == 1
+
+
+def test_clusters_only_on_nvidia_sm90_and_newer():
+    assert has_clusters(PROFILES["h100"])
+    assert not has_clusters(PROFILES["mi300x"]) and not has_clusters(PROFILES["rdna3"])
+    a100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
+                         shared_mem_per_multiprocessor=164 * 1024)
+    assert not has_clusters(a100)
+    assert plan(RowProblem("float32", "softmax", 4096, 50257), a100).tier == "cached"
+    p = plan(RowProblem("float32", "softmax", 4096, 50257), PROFILES["h100"])
+    assert p.tier == "cluster" and p.launches[0].grid == 4096 * p.notes["chunks"], "a cluster per row"
+    # few rows: the cached tier spreads them over more blocks; 16-bit rows measured slower in clusters
+    assert plan(RowProblem("float32", "softmax", 8, 50257), PROFILES["h100"]).tier == "cached"
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 120000), PROFILES["h100"]).tier == "cached"
 
 
 def test_empty_problems_launch_nothing():
