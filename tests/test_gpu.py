@@ -240,8 +240,9 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
                                                ("float32", 50257, "cluster")])
 def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatch, dtype, cols, tier):
     """Rows too long for one block, contiguous and as views whose rows start at varying
-    misalignments (partial head and tail slots): blocks that merge through global memory, each
-    taking several rows in turn (cached), and a cluster of blocks per row (cluster, sm_90+)."""
+    misalignments (partial head and tail slots), with NaN, +inf and -inf rows: blocks that merge
+    through global memory, each taking several rows in turn (cached), and a cluster of blocks per
+    row (cluster, sm_90+)."""
     from portable_softmax import api, planner
 
     torch = _torch_cuda()
@@ -252,7 +253,12 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     planner.plan.cache_clear()
     api._prepared.clear()
     rows = 400
-    base = torch.from_numpy(random_input(rng, (rows, cols + 4), "float32")).to("cuda", getattr(torch, dtype))
+    host = random_input(rng, (rows, cols + 4), "float32")
+    host[0, cols // 2] = np.nan  # the row is NaN
+    host[1, cols // 3] = np.inf  # NaN, like torch
+    host[2, :] = -np.inf  # NaN, or 0 when safe
+    host[3, : cols - 7] = -np.inf  # whole chunks of nothing but -inf
+    base = torch.from_numpy(host).to("cuda", getattr(torch, dtype))
     views = {"contiguous": base[:, :cols].contiguous(), "column offset 1": base[:, 1 : cols + 1],
              "flat offset 3, odd stride": base.reshape(-1)[3 : 3 + (rows - 1) * (cols + 2)].view(rows - 1, cols + 2)}
     try:
@@ -266,10 +272,13 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             rows_per_block = v.shape[0] / (grid // the_plan.notes["chunks"])
             assert the_plan.tier == tier, (name, the_plan)
             assert tier == "cluster" or rows_per_block >= 3, (name, the_plan, grid)
-            for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
+            for op, safe in (("softmax", False), ("softmax", True), ("log_softmax", False)):
                 out = torch.full_like(v, float("nan"))
-                fn(v, out=out)
-                assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, what=name)
+                if op == "softmax":
+                    ps.softmax(v, out=out, safe=safe)
+                else:
+                    ps.log_softmax(v, out=out)
+                assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, safe=safe, what=f"{name} safe={safe}")
     finally:
         planner.plan.cache_clear()
         api._prepared.clear()
