@@ -23,10 +23,8 @@ template <typename C> struct MD { C m; C d; };
 
 template <typename C> PS_DEVICE MD<C> md_identity() { MD<C> r = {ps_neg_inf<C>(), C(0)}; return r; }
 
-template <typename C> PS_DEVICE C max_nan(C a, C b) { return ps_max_nan(a, b); }
-
 template <typename C> PS_DEVICE MD<C> md_combine(MD<C> a, MD<C> b) {
-  const C m = max_nan(a.m, b.m);
+  const C m = ps_max_nan(a.m, b.m);
   // Both sides empty or all -inf: exp(-inf - -inf) would be NaN; the sum is 0.
   if (m == ps_neg_inf<C>()) return md_identity<C>();
   // The per-element exp (float64: the precise one): block reductions merge 10-20 pairs a row,
@@ -45,7 +43,7 @@ template <typename C> struct OnlineSum {
   template <int N> PS_DEVICE void push_all(const C* v) {
     C top = v[0];
 #pragma unroll
-    for (int j = 1; j < N; ++j) top = max_nan(top, v[j]);
+    for (int j = 1; j < N; ++j) top = ps_max_nan(top, v[j]);
     if (top > m || top != top) {
       const C scale = m == ps_neg_inf<C>() ? C(0) : ps_exp(m - top);
       d *= scale;
@@ -105,7 +103,7 @@ template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
 template <int OP, typename T> struct RowFinish {
   typedef typename compute_of<T>::type C;
   C m, scale, log_d;
-  ExpMinus<T> exp_over_d;  // exp(x - m) / d
+  ExpMinus<C> exp_over_d;  // exp(x - m) / d
   bool empty, safe;
   PS_DEVICE RowFinish() : m(0), scale(0), log_d(0), exp_over_d(C(0)), empty(true), safe(false) {}
   PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(ps_log(md.d)),
@@ -174,7 +172,7 @@ PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, typename compute_of<T>::ty
 
 template <int width, typename C> PS_DEVICE C max_over_lanes(C v) {
 #pragma unroll
-  for (int offset = width / 2; offset > 0; offset /= 2) v = max_nan(v, warp_shfl_xor(v, offset, width));
+  for (int offset = width / 2; offset > 0; offset /= 2) v = ps_max_nan(v, warp_shfl_xor(v, offset, width));
   return v;
 }
 
@@ -203,11 +201,11 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   }
   C m = ps_neg_inf<C>();
 #pragma unroll
-  for (int j = 0; j < N; ++j) m = max_nan(m, v[j]);
+  for (int j = 0; j < N; ++j) m = ps_max_nan(m, v[j]);
   m = max_over_lanes<LANES>(m);
   C d = C(0);
   if (m != ps_neg_inf<C>()) {
-    const ExpMinus<T> exp_minus(m);
+    const ExpMinus<C> exp_minus(m);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const C e = exp_minus(v[j]);
@@ -390,10 +388,10 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     for (i64 r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
       T* row = tile + r * cols;
       C m = ps_neg_inf<C>();
-      for (i64 c = 0; c < cols; ++c) m = max_nan(m, to_compute(row[c]));
+      for (i64 c = 0; c < cols; ++c) m = ps_max_nan(m, to_compute(row[c]));
       C d = C(0);
       if (m != ps_neg_inf<C>()) {
-        const ExpMinus<T> exp_minus(m);
+        const ExpMinus<C> exp_minus(m);
         for (i64 c = 0; c < cols; ++c) d += exp_minus(to_compute(row[c]));
       }
       MD<C> md = {m, d};
@@ -485,6 +483,14 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
 // (rows advance in rounds of gridDim / chunks), so the wait always ends.
 // `arrivals` (one counter per row) is zero before the launch.
 
+// One thread of a block counts the block's arrival and waits until `blocks` blocks have arrived;
+// writes made visible (fenced) before the arrival are visible to it after the wait.
+PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks) {
+  PS_ATOMIC_ADD(arrivals, 1u);
+  while (PS_ATOMIC_ADD(arrivals, 0u) < (unsigned)blocks) PS_SPIN_PAUSE();
+  PS_THREAD_FENCE();
+}
+
 // The (m, d) of a whole row from its chunks' partials: publish this block's, wait for the
 // row's other chunks, merge them all.
 template <int WARP, typename C>
@@ -495,9 +501,7 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arriv
     slot[0] = part.m;
     slot[1] = part.d;
     PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
-    PS_ATOMIC_ADD(arrivals + row, 1u);
-    while (PS_ATOMIC_ADD(arrivals + row, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
-    PS_THREAD_FENCE();
+    arrive_and_wait(arrivals + row, chunks);
   }
   PS_SYNC();
   MD<C> md = md_identity<C>();
@@ -569,6 +573,17 @@ PS_DEVICE void split_cluster(const T* x, T* y, i64 rows, i64 cols, i64 x_stride,
 }
 #endif
 
+// The (m, d) of tile position q over the column groups' pairs in the scratch ([group][position]).
+template <typename C>
+PS_DEVICE MD<C> merge_column_groups(const C* part_m, const C* part_d, int q, int groups, int width) {
+  MD<C> md = md_identity<C>();
+  for (int g = 0; g < groups; ++g) {
+    const MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
+    md = md_combine(md, part);
+  }
+  return md;
+}
+
 // ---- reduction over a non-last axis -------------------------------------------
 // The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
 // inner positions (coalesced loads) and splits the reduced axis among
@@ -604,11 +619,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     part_d[PS_THREAD_X] = acc.d;
     PS_SYNC();
     if (ty == 0) {  // each thread merges the groups of its own inner position
-      MD<C> md = md_identity<C>();
-      for (int g = 0; g < groups; ++g) {
-        MD<C> part = {part_m[g * inner_tile + tx], part_d[g * inner_tile + tx]};
-        md = md_combine(md, part);
-      }
+      const MD<C> md = merge_column_groups(part_m, part_d, tx, groups, inner_tile);
       part_m[tx] = md.m;
       part_d[tx] = md.d;
     }
@@ -701,22 +712,14 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     }
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
-      MD<C> md = md_identity<C>();
-      for (int g = 0; g < groups; ++g) {
-        MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
-        md = md_combine(md, part);
-      }
+      const MD<C> md = merge_column_groups(part_m, part_d, q, groups, width);
       volatile C* slot = partials + 2 * ((tile * chunks + chunk) * width + q);
       slot[0] = md.m;
       slot[1] = md.d;
       PS_THREAD_FENCE();  // the partial is visible before the arrival is counted
     }
     PS_SYNC();
-    if (PS_THREAD_X == 0) {
-      PS_ATOMIC_ADD(arrivals + tile, 1u);
-      while (PS_ATOMIC_ADD(arrivals + tile, 0u) < (unsigned)chunks) PS_SPIN_PAUSE();
-      PS_THREAD_FENCE();
-    }
+    if (PS_THREAD_X == 0) arrive_and_wait(arrivals + tile, chunks);
     PS_SYNC();
     // The tile's (m, d) per position: each column group merges a share of the chunks.
 #pragma unroll
@@ -732,11 +735,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     }
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
-      MD<C> total = md_identity<C>();
-      for (int g = 0; g < groups; ++g) {
-        MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
-        total = md_combine(total, part);
-      }
+      const MD<C> total = merge_column_groups(part_m, part_d, q, groups, width);
       part_m[q] = total.m;  // row g = 0 of the scratch, read by every group below
       part_d[q] = total.d;
     }
