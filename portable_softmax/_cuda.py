@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_status, source_dir
+from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
 from .planner import PTR, DeviceProfile, Plan, one_wave
 
 _STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
@@ -151,10 +151,7 @@ class CudaRuntime:
 
     def launcher_kind(self) -> str:
         """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
-        status = launcher_status()
-        if status.startswith("compiled") and not self.launch_entry_point():
-            return "python (cuLaunchKernel not found in the CUDA driver library)"
-        return status
+        return launcher_kind(self.launch_entry_point(), "cuLaunchKernel not found in the CUDA driver library")
 
     def _describe_error(self, code: int) -> str:
         return str(self.driver.CUDADriverError(code))  # "CUDA_ERROR_...: text", from the driver

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_status, source_dir
+from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
 from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
@@ -536,10 +536,8 @@ class HipRuntime:
 
     def launcher_kind(self) -> str:
         """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
-        status = launcher_status()
-        if status.startswith("compiled") and not self.launch_entry_point():
-            return "python (hipModuleLaunchKernel not found in a loaded HIP runtime library)"
-        return status
+        return launcher_kind(self.launch_entry_point(),
+                             "hipModuleLaunchKernel not found in a loaded HIP runtime library")
 
     def _describe_error(self, code: int) -> str:
         try:
@@ -556,9 +554,9 @@ class HipRuntime:
         """
         with _on_device(self, device):
             prepared_steps = self._prepared_steps(plan, dtype, device)
-        fast = None
-        if self.launch_entry_point():
-            fast = compiled_launcher(self.launch_entry_point(), plan, [int(fn) for fn, _, _ in prepared_steps],
+        entry_point, fast = self.launch_entry_point(), None
+        if entry_point:  # handles become integers only where a real runtime made them
+            fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in prepared_steps],
                                      [grid for _, grid, _ in prepared_steps], describe=self._describe_error)
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call

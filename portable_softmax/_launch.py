@@ -145,6 +145,15 @@ def launcher_status() -> str:
     return f"compiled ({_FASTLAUNCH_WHERE})"
 
 
+def launcher_kind(entry_point: int | None, missing: str) -> str:
+    """launcher_status() for a runtime whose launch entry point is ``entry_point``: 'python
+    (``missing``)' where the compiled launcher is there but the entry point was not found."""
+    status = launcher_status()
+    if status.startswith("compiled") and not entry_point:
+        return f"python ({missing})"
+    return status
+
+
 def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
                    buffers: Mapping[str, int] | None = None) -> list[tuple]:
     """A plan's launches as ``_fastlaunch.Launcher`` steps.

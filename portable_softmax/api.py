@@ -211,14 +211,13 @@ def _is_torch_cuda(x) -> bool:
         import torch
 
         _TORCH, _TORCH_TENSOR, _current_stream = torch, torch.Tensor, torch_stream_reader(torch)
-    return isinstance(x, _TORCH.Tensor) and x.is_cuda
+    return isinstance(x, _TORCH_TENSOR) and x.is_cuda
 
 
-def _prepared_key(x, axis, op, safe, ptr=None, device=None):
-    """(dtype, shape, strides, alignment, axis, op, safe, device): what a plan depends on."""
-    ptr = x.data_ptr() if ptr is None else ptr
-    device = x.get_device() if device is None else device
-    return (x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device)
+def _prepared_key(x, axis, op, safe):
+    """(dtype, shape, strides, alignment, axis, op, safe, device): what a plan depends on.
+    _run_prepared builds the same tuple inline (a call costs as much as a field)."""
+    return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
 
 
 def _remember(x, axis, op, safe, launcher) -> None:
@@ -234,7 +233,7 @@ def _run_prepared(x, axis, op, safe):
     if type(axis) is not int:  # bools and other types equal to ints go the checked way
         return None
     ptr, device = x.data_ptr(), x.get_device()  # read once: each read costs about 0.1 us
-    entry = _prepared.get((x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device))
+    entry = _prepared.get((x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device))  # _prepared_key
     if entry is None:
         return None
     launcher, contiguous = entry

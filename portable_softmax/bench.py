@@ -69,6 +69,23 @@ def device_copies(torch) -> list:
     return copies + [memcpy_bytes]
 
 
+def fastest_copy_ms(timer, copies, x, y) -> float:
+    """The median time of the faster of the device copies (device_copies) of x into y."""
+    return min(timer.median_ms(lambda c=c: c(x, y)) for c in copies)
+
+
+def back_to_back_us(torch, fn, calls: int, warmup: int = 20) -> float:
+    """Wall time per call of `calls` back-to-back calls of fn, one synchronisation at the end."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
 class _Timer:
     """Median event timing of a callable with the L2 flushed before each repetition."""
 
@@ -113,7 +130,7 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
             x = (torch.randn(*shape, device="cuda") * 4).to(tdtype)
             y = torch.empty_like(x)
             nbytes = 2 * x.numel() * x.element_size()
-            copy_ms = min(timer.median_ms(lambda x=x, y=y, c=c: c(x, y)) for c in copies)
+            copy_ms = fastest_copy_ms(timer, copies, x, y)
             for op in ops:
                 ours = ps.softmax if op == "softmax" else ps.log_softmax
                 theirs = torch.softmax if op == "softmax" else torch.log_softmax
@@ -147,14 +164,7 @@ def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]
         x = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
         row = {"shape": shape, "dtype": dtype, "bytes": x.numel() * x.element_size()}
         for name, fn in (("ours", lambda x=x: ps.softmax(x)), ("torch", lambda x=x: torch.softmax(x, dim=-1))):
-            for _ in range(20):
-                fn()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            row[f"{name}_us"] = (time.perf_counter() - t) / calls * 1e6
+            row[f"{name}_us"] = back_to_back_us(torch, fn, calls)
         out.append(row)
     return out
 

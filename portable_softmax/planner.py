@@ -304,6 +304,15 @@ CACHED_THREADS = 256
 CACHED_CHUNKS_PER_SM = 4
 
 
+def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int) -> int:
+    """Blocks of an on-chip split whose `chunks` blocks of a job wait on each other: whole jobs, at
+    most as many blocks as stay resident at once (threads and shared memory permitting), at least one job."""
+    per_multiprocessor = min(device.max_threads_per_multiprocessor // threads,
+                             device.shared_mem_per_multiprocessor // shared_per_block)
+    resident = device.multiprocessors * max(1, per_multiprocessor)
+    return max(chunks, min(jobs * chunks, resident) // chunks * chunks)
+
+
 def _safe(p) -> int:
     return int(p.safe and p.op == "softmax")
 
@@ -372,10 +381,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         chunk_slots = ceil(slots / chunks)
         chunks = ceil(slots / chunk_slots)
         shared = chunk_slots * vec * itemsize
-        resident = device.multiprocessors * max(1, min(device.max_threads_per_multiprocessor // threads,
-                                                       device.shared_mem_per_multiprocessor //
-                                                       (shared + static_bytes)))
-        grid = max(chunks, min(p.rows * chunks, resident) // chunks * chunks)
+        grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks)
         launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, shared,
                         (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
                          (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
@@ -415,7 +421,6 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 #: one wave of resident clusters looping over rows 66-74 (a cluster waiting to become resident
 #: holds its rows back): so float32 only, clusters of 2-4, a cluster per row.
 CLUSTER_SPLIT = True
-CLUSTER_PER_ROW = True
 CLUSTER_ITEMSIZES = (4,)
 
 
@@ -441,7 +446,7 @@ def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, st
     chunk_slots = ceil(slots / cluster)
     launch = Launch(V.cluster_name(p.dtype, p.op, vec, cluster), _work_grid(p.rows * cluster, device), threads,
                     chunk_slots * vec * itemsize, row_args[:6] + ((I64, chunk_slots), (I32, _safe(p))),
-                    min_grid=cluster, cut_to_one_wave=not CLUSTER_PER_ROW)
+                    min_grid=cluster, cut_to_one_wave=False)
     return Plan("cluster", (launch,), notes={"vec": vec, "slots": slots, "chunks": cluster,
                                              "chunk_slots": chunk_slots})
 
@@ -450,14 +455,14 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     lines = p.outer * p.inner
     if lines <= 0 or p.cols <= 0:
         return Plan("empty", ())
+    cached = _plan_strided_cached(p, device)
+    if cached is not None:
+        return cached
     # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
     # the rest of the block splits the reduced axis into column groups.
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
-    cached = _plan_strided_cached(p, device)
-    if cached is not None:
-        return cached
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
             (I32, _safe(p)))
@@ -525,9 +530,7 @@ def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | Non
     chunks = ceil(p.cols / chunk_cols)
     shared = chunk_cols * width * itemsize
     tiles = p.outer * ceil(p.inner / width)
-    resident = device.multiprocessors * max(1, min(device.max_threads_per_multiprocessor // threads,
-                                                   device.shared_mem_per_multiprocessor // (shared + static_bytes)))
-    grid = max(chunks, min(tiles * chunks, resident) // chunks * chunks)
+    grid = _cooperative_grid(device, threads, shared + static_bytes, tiles, chunks)
     args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.outer), (I64, p.cols),
             (I64, p.inner), *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
             (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))

@@ -17,7 +17,7 @@ import torch
 
 import portable_softmax as ps
 from portable_softmax import planner
-from portable_softmax.bench import _Timer, device_copies
+from portable_softmax.bench import _Timer, device_copies, fastest_copy_ms
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
@@ -58,7 +58,7 @@ def main() -> None:
         axis = int(parts[2]) if len(parts) > 2 else -1
         x = (torch.randn(*shape, device="cuda") * 4).to(getattr(torch, dtype))
         y = torch.empty_like(x)
-        copy_ms = min(timer.median_ms(lambda x=x, y=y, c=c: c(x, y)) for c in copies)
+        copy_ms = fastest_copy_ms(timer, copies, x, y)
         for op in args.ops.split(","):
             ours = ps.softmax if op == "softmax" else ps.log_softmax
             theirs = torch.softmax if op == "softmax" else torch.log_softmax

@@ -2,8 +2,9 @@
 
     python3 tools/host_cost.py [calls]
 
-Each figure is the wall time of many back-to-back calls with one synchronisation at the end,
-divided by the number of calls; the pieces show where a call's host time goes.
+Each piece gets two figures: the wall time per call of many back-to-back calls with one
+synchronisation at the end, and the host time per call of a few hundred calls queued behind a
+long GPU sleep (so that no call waits for the GPU); the pieces show where a call's time goes.
 """
 
 from __future__ import annotations
@@ -16,18 +17,12 @@ import torch
 import portable_softmax as ps
 from portable_softmax import _probe, api
 from portable_softmax._arrays import torch_current_stream
+from portable_softmax.bench import back_to_back_us
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
     """(wall time per call of back-to-back calls, host time per call with the GPU held busy)."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t) / calls * 1e6
+    wall = back_to_back_us(torch, fn, calls, warmup=50)
     queued = 400  # fewer than the launch queue holds, so that no call waits for the GPU
     torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the calls
     t = time.perf_counter()
