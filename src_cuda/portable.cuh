@@ -112,6 +112,20 @@ PS_DEVICE float ps_ex2_approx(float v) {
 #define PS_FAST_RCPF(v) __fdividef(1.0f, (v))
 #endif
 
+// A 16-byte store of four words as one instruction. nvcc sometimes splits a 16-byte vector's
+// store into 2- or 4-byte stores when a partial slot beside it stores the same elements one by
+// one (seen in SASS: several times the store requests, the L2 the limit); st.global.v4 keeps
+// it whole. Elsewhere a plain aligned store.
+struct alignas(16) ps_words4 { unsigned w[4]; };
+#if defined(__CUDA_ARCH__) && !defined(PORTABLE_SOFTMAX_EMULATION)
+PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3]));
+}
+#else
+PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) { *static_cast<ps_words4*>(at) = v; }
+#endif
+
 #if !defined(PS_INF_F)  // clang (HIP, hipRTC) and the host compiler know the builtins
 #define PS_INF_F __builtin_huge_valf()
 #define PS_NAN_F __builtin_nanf("")

@@ -17,6 +17,43 @@ enum Op { kSoftmax = 0, kLogSoftmax = 1 };
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
+// A whole vector's store; kOneInstruction: 16-byte vectors through the vendor header's
+// single-instruction store. Only the packed and two-pass split tiers take it: nvcc split their
+// 16-byte stores into 2- and 4-byte ones (seen in SASS; several times the store requests, the
+// L2 the limit at 55-60% of the copy), while in the other tiers the compiler keeps them whole
+// and the explicit store's four packed registers would cost the register tier occupancy.
+template <bool kOneInstruction, typename T, int N> PS_DEVICE void store_vector(T* at, const Vec<T, N>& raw) {
+  if (kOneInstruction && sizeof(raw) == sizeof(ps_words4)) {
+    ps_words4 words;
+    memcpy(&words, &raw, sizeof(words));
+    ps_store_words4(at, words);
+  } else {
+    *reinterpret_cast<Vec<T, N>*>(at) = raw;
+  }
+}
+
+// A vector as stored, widened to the compute type. A bfloat16 is the top half of a float32, so
+// pairs widen from their 32-bit word with a shift and a mask and the raw vector stays whole in
+// registers (widened element by element, the compiler splits it into 16-bit pieces and joins
+// them again to cache it in shared memory).
+template <typename T, int VEC> PS_DEVICE void widen(const Vec<T, VEC>& raw, typename compute_of<T>::type* v) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+}
+template <int VEC> PS_DEVICE void widen_bf16_pairs(const Vec<bfloat16_t, VEC>& raw, float* v) {
+  unsigned words[VEC / 2];
+  memcpy(words, &raw, sizeof(words));
+#pragma unroll
+  for (int i = 0; i < VEC / 2; ++i) {
+    const unsigned lo = words[i] << 16, hi = words[i] & 0xffff0000u;
+    memcpy(&v[2 * i], &lo, 4);
+    memcpy(&v[2 * i + 1], &hi, 4);
+  }
+}
+template <> PS_DEVICE void widen(const Vec<bfloat16_t, 8>& raw, float* v) { widen_bf16_pairs(raw, v); }
+template <> PS_DEVICE void widen(const Vec<bfloat16_t, 4>& raw, float* v) { widen_bf16_pairs(raw, v); }
+template <> PS_DEVICE void widen(const Vec<bfloat16_t, 2>& raw, float* v) { widen_bf16_pairs(raw, v); }
+
 // ---- the (m, d) monoid ----------------------------------------------------
 template <typename C> struct MD { C m; C d; };
 
@@ -142,17 +179,15 @@ template <typename T, int VEC> struct RowSlots {
     return raw;
   }
   PS_DEVICE void load(i64 k, C* v) const {
-    const Vec<T, VEC> raw = load_raw(k);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    widen(load_raw(k), v);
   }
-  PS_DEVICE void store(i64 k, const C* v) const {
+  template <bool kOneInstruction = false> PS_DEVICE void store(i64 k, const C* v) const {
     const i64 first = k * VEC - pad;
     if (full(k)) {
       Vec<T, VEC> raw;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) raw.v[j] = from_compute<T>(v[j]);
-      *reinterpret_cast<Vec<T, VEC>*>(y + first) = raw;
+      store_vector<kOneInstruction>(y + first, raw);
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -304,8 +339,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
   OnlineSum<C> acc;  // (m, d) as the loads arrive: no second pass over the cache
   for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
     C v[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    widen(raw, v);
     acc.template push_all<VEC>(v);
     cache[k - begin] = raw;
   });
@@ -318,8 +352,8 @@ PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, 
   typedef typename compute_of<T>::type C;
   for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
     C v[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = f(to_compute(cache[k - begin].v[j]));
+    widen(cache[k - begin], v);
+    finish_slot<OP, T, VEC>(f, v);
     rs.store(k, v);
   }
 }
@@ -364,7 +398,7 @@ PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe) {
 #pragma unroll
       for (int s = 0; s < GROUP; ++s) {
         const i64 k = (g0 + u * step) * GROUP + s;
-        if (k < span.slots) span.store(k, v[u] + s * VEC);
+        if (k < span.slots) span.template store<true>(k, v[u] + s * VEC);
       }
     }
   }
@@ -384,24 +418,29 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
-    for (i64 r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
-      T* row = tile + r * cols;
+    // A tile lies in one block's shared memory: 32-bit indices, and loops unrolled by 4 (the
+    // row loops are most of this tier's instructions).
+    const int n = static_cast<int>(cols);
+    for (int r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
+      T* row = tile + r * n;
       C m = ps_neg_inf<C>();
-      for (i64 c = 0; c < cols; ++c) m = ps_max_nan(m, to_compute(row[c]));
+#pragma unroll 4
+      for (int c = 0; c < n; ++c) m = ps_max_nan(m, to_compute(row[c]));
       C d = C(0);
       if (m != ps_neg_inf<C>()) {
         const ExpMinus<C> exp_minus(m);
-        for (i64 c = 0; c < cols; ++c) d += exp_minus(to_compute(row[c]));
+#pragma unroll 4
+        for (int c = 0; c < n; ++c) d += exp_minus(to_compute(row[c]));
       }
       MD<C> md = {m, d};
       const RowFinish<OP, T> f(md, safe != 0);
-      for (i64 c = 0; c < cols; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
+#pragma unroll 4
+      for (int c = 0; c < n; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
     }
     PS_SYNC();
     for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
       C v[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = to_compute(cache[k].v[j]);
+      widen(cache[k], v);
       span.store(k, v);
     }
     PS_SYNC();  // the next span reuses the tile
@@ -428,8 +467,7 @@ PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, 
   OnlineSum<C> acc;
   for_each_slot<4>(rs, begin, end, [&](i64, const Vec<T, VEC>& raw) {
     C v[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+    widen(raw, v);
     acc.template push_all<VEC>(v);
   });
   return acc.md();
@@ -467,10 +505,9 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
     // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
     for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
       C v[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
+      widen(raw, v);
       finish_slot<OP, T, VEC>(f, v);
-      rs.store(k, v);
+      rs.template store<true>(k, v);
     });
   }
 }
