@@ -223,8 +223,16 @@ def slots_needed(p: RowProblem, vec: int) -> int:
     return ceil((pad + p.cols) / vec)
 
 
+#: values a lane of the register tier holds at most, by bytes per element (rows that need more go
+#: to the block tier). Measured on an H100: 16-bit rows of 1500 and 2048 columns at 64 values a
+#: lane 69-79% of the copy, in the block tier 80-88%; at a cap of 16 values 1000-1024 columns
+#: fell from 88-94 to 80-84; float32 rows at 64 values a lane are at the copy already.
+WARP_TIER_MAX_VALUES = {2: 32}
+
+
 def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVariant | None:
-    candidates = V.warp_variants(p.dtype, p.op, warp, vec)
+    most = WARP_TIER_MAX_VALUES.get(V.DTYPES[p.dtype][2], 1 << 30)
+    candidates = [v for v in V.warp_variants(p.dtype, p.op, warp, vec) if v.slots * vec <= most]
     if vec == 1 and slots <= V.THREAD_ROW_SLOTS:  # tiny scalar rows: a lane each, no shuffles
         candidates = [v for v in candidates if v.lanes == 1]
     for v in candidates:
@@ -299,6 +307,12 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
 #: Measured on an H100: 16-bit rows of 50257 columns at 800 threads 53-60% of the copy, at 512
 #: threads 68-75% (two blocks fit a multiprocessor's registers), at 256 threads 50-57%.
 BLOCK_TIER_MAX_THREADS = 512
+#: fewest warps of a block-tier block, and the slots a thread streams before the block grows.
+#: Measured on an H100: 16-bit rows of 3000 and 4096 columns at 4 warps a block (the earlier
+#: minimum) 74-79% of the copy, at 2 warps (8 slots a thread) 82-86; 4 or 16 slots a thread
+#: slower (8192-50257 columns 3-10 points, float32 1-2).
+BLOCK_TIER_MIN_WARPS = 1
+BLOCK_TIER_SLOTS_PER_THREAD = 8
 #: threads per block of the on-chip split tier, and chunks of its rows a multiprocessor holds
 CACHED_THREADS = 256
 CACHED_CHUNKS_PER_SM = 4
@@ -359,7 +373,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     few_rows = p.rows < device.multiprocessors
     if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
         threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS,
-                      max(4 * warp, ceil(slots / 8 / warp) * warp))
+                      max(BLOCK_TIER_MIN_WARPS * warp, ceil(slots / BLOCK_TIER_SLOTS_PER_THREAD / warp) * warp))
         launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,
                         row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
         return Plan("block", (launch,), notes=notes)

@@ -142,6 +142,27 @@ def test_warp_64_holds_twice_the_row_of_warp_32():
     assert plan(RowProblem("float32", "softmax", 1000, cols), PROFILES["mi300x"]).tier == "warp"
 
 
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_16_bit_lanes_hold_at_most_32_values_and_block_tier_threads_stream_8_slots(device):
+    warp = device.warp_size
+    for cols in (1000, 1500, 2048, 3000, 4096, 8192):
+        p = plan(RowProblem("bfloat16", "softmax", 4096, cols), device)
+        slots = p.notes["slots"]
+        if p.tier == "warp":
+            kernel = p.launches[0].kernel
+            lane_slots = int(kernel.split("_s")[-1].split("_")[0])
+            assert lane_slots * p.notes["vec"] <= 32, kernel
+        else:
+            assert p.tier == "block", (cols, p.tier)
+            assert slots > warp * 32 // p.notes["vec"]  # no register variant holds it at 32 values a lane
+            threads = p.launches[0].block
+            assert threads % warp == 0 and threads == max(warp, -(-slots // 8 // warp) * warp), (cols, threads)
+    # float32 lanes keep 64 values: 2048 columns stay in one 32-lane warp's registers
+    if warp == 32:
+        assert plan(RowProblem("float32", "softmax", 4096, 2048), device).tier == "warp"
+        assert plan(RowProblem("bfloat16", "softmax", 4096, 2048), device).tier == "block"
+
+
 def test_misaligned_input_and_output_fall_back_to_scalar_slots():
     aligned = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=1), PROFILES["h100"])
     mixed = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=0), PROFILES["h100"])
