@@ -142,12 +142,14 @@ template <int OP, typename T> struct RowFinish {
   ExpMinus<C> exp_over_d;  // exp(x - m) / d
   bool empty, safe;
   PS_DEVICE RowFinish() : m(0), scale(0), log_d(0), exp_over_d(C(0)), empty(true), safe(false) {}
-  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(ps_log(md.d)),
-      exp_over_d(md.m, md.d), empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
+  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(log_for<T>(md.d)),
+      exp_over_d(md.m, md.d, log2_for<T>(md.d)), empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
   PS_DEVICE C operator()(C x) const {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
     if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
-    return OP == kSoftmax ? exp_over_d(x) : (x - m) - log_d;
+    if (OP == kSoftmax) return exp_over_d(x);
+    // 16-bit outputs: one subtraction; m + log d rounds to float32, far under their half ulp.
+    return sizeof(T) == 2 ? x - (m + log_d) : (x - m) - log_d;
   }
 };
 
