@@ -137,10 +137,11 @@ def staged_name(dtype: str, op: str) -> str:
 
 #: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
 #: by bytes per element. Measured on an H100 against the register and staged tiers for every
-#: length from 1 to 8: the packed tier wins for 16-bit rows of 1, 3 and 6 elements (+10, +6-14
-#: and +25 points of the copy), and loses elsewhere, most where a thread's group spans 5 or 7
-#: vectors (strided loads) or where the register tier already has whole vectors.
-PACKED_COLS = {2: (1, 3, 6)}
+#: length from 1 to 8: the packed tier wins for 16-bit rows of 1, 2, 3 and 6 elements (1: 61 ->
+#: 90% of the copy once its 16-byte stores stay whole, 2: 82-88 -> 90-91, 3: +6-14, 6: +25), is
+#: level at 4 (softmax 5 points slower, log_softmax 5 faster) and loses at 5 and 7 (a thread's
+#: group spans 5 or 7 vectors: 68-69 -> 47-58) and where the register tier has whole vectors.
+PACKED_COLS = {2: (1, 2, 3, 6)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:
