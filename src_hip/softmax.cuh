@@ -408,6 +408,20 @@ PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe) {
 }
 
 // ---- tier 1, staged: contiguous short rows through shared memory -------------------
+// A staged row of n <= N elements in one thread's registers; the slots past n read as -inf,
+// which adds nothing to (m, d), and are not written back.
+template <int OP, typename T, int N> PS_DEVICE void staged_row_in_registers(T* row, int n, bool safe) {
+  typedef typename compute_of<T>::type C;
+  C v[N];
+#pragma unroll
+  for (int c = 0; c < N; ++c) v[c] = c < n ? to_compute(row[c]) : ps_neg_inf<C>();
+  softmax_in_registers<OP, T, 1, N>(v, safe);
+#pragma unroll
+  for (int c = 0; c < N; ++c) {
+    if (c < n) row[c] = from_compute<T>(v[c]);
+  }
+}
+
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
 // with aligned vectors into shared memory, a thread takes each row from there (max, then
@@ -426,6 +440,12 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     const int n = static_cast<int>(cols);
     for (int r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
       T* row = tile + r * n;
+      // float-computed rows of up to 8 elements are taken into registers once: one read of
+      // shared memory and one exp an element instead of three reads and two. n is the block's.
+      if (sizeof(C) == 4 && n <= 8) {
+        staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
+        continue;
+      }
       C m = ps_neg_inf<C>();
 #pragma unroll 4
       for (int c = 0; c < n; ++c) m = ps_max_nan(m, to_compute(row[c]));
