@@ -327,6 +327,20 @@ def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int
     return max(chunks, min(jobs * chunks, resident) // chunks * chunks)
 
 
+def _compute_bytes(dtype: str) -> int:
+    """Bytes of the type a dtype computes in (float64: double, every other: float)."""
+    return 8 if V.compute_type(dtype) == "double" else 4
+
+
+def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize: int) -> tuple[int, int]:
+    """(threads, slots) of a block of the on-chip split tiers (blocks merging through global memory
+    or in a cluster): its threads, and the slots of a chunk of a quarter multiprocessor's shared
+    memory (several chunks a multiprocessor, so one's loads overlap another's wait)."""
+    threads = min(device.max_threads_per_block, max(CACHED_THREADS, 4 * device.warp_size))
+    budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
+    return threads, (budget - static_bytes) // (vec * itemsize)
+
+
 def _safe(p) -> int:
     return int(p.safe and p.op == "softmax")
 
@@ -364,7 +378,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         return Plan("warp", (launch,), notes=notes)
 
     cache_bytes = slots * vec * itemsize
-    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    compute_bytes = _compute_bytes(p.dtype)
     # The block reduction's static scratch, and what the runtime reserves per block, sit beside the cache.
     static_bytes = 2 * (1024 // warp) * compute_bytes + 1024
     # A block may take half a multiprocessor's shared memory, so that two blocks overlap
@@ -383,13 +397,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if clustered is not None:
             return clustered
 
-    threads = min(device.max_threads_per_block, max(CACHED_THREADS, 4 * warp))
-    # On chip: chunks of a quarter multiprocessor's shared memory on co-resident blocks (several
-    # per multiprocessor, so one's loads overlap another's wait), at most one chunk of a row per
-    # multiprocessor (one resident block per multiprocessor is always possible).
-    chunk_budget = min(device.shared_mem_per_block_optin,
-                       device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM) - static_bytes
-    chunk_cap = max(threads, chunk_budget // (vec * itemsize))
+    # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
+    # resident block per multiprocessor is always possible).
+    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize)
+    chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
         chunk_slots = ceil(slots / chunks)
@@ -451,9 +462,7 @@ def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, st
     itemsize = V.DTYPES[p.dtype][2]
     if itemsize not in CLUSTER_ITEMSIZES:
         return None
-    threads = min(device.max_threads_per_block, max(CACHED_THREADS, 4 * device.warp_size))
-    budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
-    chunk_cap = (budget - static_bytes) // (vec * itemsize)
+    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize)
     cluster = next((c for c in V.CLUSTER_SIZES if c * chunk_cap >= slots), None)
     if cluster is None or p.rows * cluster < 2 * device.multiprocessors:
         return None  # the cached tier spreads few rows over more blocks
@@ -520,7 +529,7 @@ def strided_vec(p: StridedProblem) -> int:
 def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | None:
     """The on-chip form of the strided tier (strided_cached), or None where it does not fit."""
     itemsize = V.DTYPES[p.dtype][2]
-    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    compute_bytes = _compute_bytes(p.dtype)
     vec = strided_vec(p)
     # Threads along inner: a tile row of STRIDED_ROW_BYTES (whole cache lines, and no wider, so
     # that a chunk of a tile holds many rows and a tile few chunks, whose partials every chunk reads).

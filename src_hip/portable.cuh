@@ -224,6 +224,7 @@ PS_DEVICE double ps_exp(double v) { return exp(v); }
 PS_DEVICE float ps_log(float v) { return logf(v); }
 PS_DEVICE double ps_log(double v) { return log(v); }
 PS_DEVICE float ps_log2(float v) { return log2f(v); }
+PS_DEVICE double ps_log2(double v) { return log2(v); }
 // exp(x - m) / d for the values x of a row whose max is m (d = 1: the plain exp(x - m)).
 // float64: the full-precision exp and a division. Values computed in float32 (float32, float16,
 // bfloat16 outputs) take the hardware's base-2 exponential of (x - m) log2(e) - log2(d): x - m is
@@ -256,14 +257,12 @@ template <> PS_DEVICE float recip_for<bfloat16_t>(float v) { return PS_FAST_RCPF
 template <typename T> PS_DEVICE typename compute_of<T>::type log2_for(typename compute_of<T>::type v) {
   return sizeof(T) == 2 ? PS_FAST_LOG2F(v) : ps_log2(v);
 }
-template <> PS_DEVICE double log2_for<double>(double v) { return log2(v); }
 // log(d) (log_softmax): the hardware's base-2 logarithm for every float-computed output, float32
 // too. d >= 1 (the max contributes exp(0)), so |x - m - log d| >= log d and the log's relative
 // error of about 2^-22 (absolute near d = 1) stays as small relative to every output.
 template <typename T> PS_DEVICE typename compute_of<T>::type log_for(typename compute_of<T>::type v) {
-  return PS_FAST_LOG2F(v) * 0.693147180559945309f;
+  return sizeof(v) == 4 ? PS_FAST_LOG2F(v) * 0.693147180559945309f : ps_log(v);
 }
-template <> PS_DEVICE double log_for<double>(double v) { return ps_log(v); }
 
 // max that keeps NaN, so that a NaN anywhere in a row reaches every output. NVIDIA sm_80 and
 // newer have it as one instruction; elsewhere a compare and a select.
