@@ -149,8 +149,9 @@ template <int OP, typename T> struct RowFinish {
     // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
     if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
     if (OP == kSoftmax) return exp_over_d(x);
-    // 16-bit outputs: one subtraction; m + log d rounds to float32, far under their half ulp.
-    return sizeof(T) == 2 ? x - (m + log_d) : (x - m) - log_d;
+    // x - m first (exact near the max): x - (m + log d) would round m + log d to float32, an
+    // absolute error of up to half an ulp of m, where the output -log d can be far smaller.
+    return (x - m) - log_d;
   }
 };
 

@@ -354,6 +354,20 @@ def test_non_last_axis_cached_on_chip_with_vectors_and_without(library, rng, dty
         assert widths == ({1, V.vector_widths(dtype)[1]} if vectors else {1})
 
 
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_log_softmax_of_a_dominant_max_keeps_its_small_output(runtime, rng, dtype):
+    """A row whose max (100) stands far above the rest has log d near 2e-4, and the max's output
+    -log d is small: computed as x - (m + log d), m + log d would round to float32 at an absolute
+    error of up to 4e-6 (many ulps of the output). Rows of every row tier's lengths."""
+    for rows, cols in [(64, 3), (64, 31), (64, 100), (40, 127), (9, 1000), (3, 5000)]:
+        x = (100.0 - 13.0 + 0.5 * rng.standard_normal((rows, cols)))
+        x[np.arange(rows), rng.integers(0, cols, rows)] = 100.0
+        x = x.astype(host_dtype(dtype))
+        tier = _tier(runtime, x, 1, "log_softmax", False)
+        got = run_host_array(runtime, x, 1, "log_softmax", False)
+        assert_close(got, x, 1, "log_softmax", False, f"{dtype} {rows}x{cols} {tier}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 @pytest.mark.parametrize("x_misalign, y_misalign", [(1, 1), (1, 2)])
 def test_misaligned_rows_use_scalar_heads_and_tails(runtime, rng, dtype, x_misalign, y_misalign):
