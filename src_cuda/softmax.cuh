@@ -144,9 +144,11 @@ template <int OP, typename T> struct RowFinish {
   PS_DEVICE RowFinish() : m(0), scale(0), log_d(0), exp_over_d(C(0)), empty(true), safe(false) {}
   PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(log_for<T>(md.d)),
       exp_over_d(md.m, md.d, log2_for<T>(md.d)), empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
-  PS_DEVICE C operator()(C x) const {
-    // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
-    if (empty) return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>();
+  PS_DEVICE C operator()(C x) const { return empty ? empty_value() : value(x); }
+  // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
+  PS_DEVICE C empty_value() const { return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>(); }
+  // The output of x in a row with some value above -inf.
+  PS_DEVICE C value(C x) const {
     if (OP == kSoftmax) return exp_over_d(x);
     // x - m first (exact near the max): x - (m + log d) would round m + log d to float32, an
     // absolute error of up to half an ulp of m, where the output -log d can be far smaller.
@@ -422,6 +424,94 @@ template <int OP, typename T, int N> PS_DEVICE void staged_row_in_registers(T* r
   }
 }
 
+// A staged row of n elements in shared memory, read and written a 32-bit word at a time: 16-bit
+// rows start at any element, so they are a head value (when the row starts mid-word), whole
+// words of two values and a tail value; wider types are words of one value. Two values a word
+// halve the shared-memory accesses and conversions of the row's three passes (max, sum,
+// outputs), and the max of a pair is one instruction where the vendor has it. Loops run on
+// 32-bit indices, unrolled by 4: they are most of this tier's instructions.
+// A 4-byte word of shared memory as one load (pairs of 16-bit values copied member by member
+// become two 2-byte loads); wider words as they are.
+template <typename W> PS_DEVICE W read_word(const W* at) {
+  if (sizeof(W) != 4) return *at;
+  const unsigned bits = *reinterpret_cast<const unsigned*>(at);
+  W w;
+  memcpy(&w, &bits, 4);
+  return w;
+}
+
+template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, bool safe) {
+  typedef typename compute_of<T>::type C;
+  const int G = sizeof(T) == 2 ? 2 : 1;  // values a word
+  typedef Vec<T, G> Word;
+  int head = G == 2 ? static_cast<int>(reinterpret_cast<unsigned long long>(row) / sizeof(T) % 2) : 0;
+  head = head < n ? head : n;
+  const int words = (n - head) / G;
+  const bool tail = head + G * words < n;
+  Word* word = reinterpret_cast<Word*>(row + head);
+  // The edge values, -inf where there are none (they add nothing to (m, d)).
+  const C first = head ? to_compute(row[0]) : ps_neg_inf<C>();
+  const C last = tail ? to_compute(row[n - 1]) : ps_neg_inf<C>();
+  C m = ps_max_nan(first, last);
+  C v[G];
+  if (PackedMax<T>::native) {
+    Word top;
+#pragma unroll
+    for (int j = 0; j < G; ++j) top.v[j] = from_compute<T>(ps_neg_inf<C>());
+    unsigned top_bits;
+    memcpy(&top_bits, &top, 4);
+#pragma unroll 4
+    for (int k = 0; k < words; ++k) {
+      const Word w = read_word(word + k);
+      unsigned bits;
+      memcpy(&bits, &w, 4);
+      top_bits = PackedMax<T>::max(top_bits, bits);
+    }
+    memcpy(&top, &top_bits, 4);
+    widen(top, v);
+#pragma unroll
+    for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
+  } else {
+#pragma unroll 4
+    for (int k = 0; k < words; ++k) {
+      widen(read_word(word + k), v);
+#pragma unroll
+      for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
+    }
+  }
+  C d = C(0);
+  if (m != ps_neg_inf<C>()) {
+    const ExpMinus<C> exp_minus(m);
+    d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
+#pragma unroll 4
+    for (int k = 0; k < words; ++k) {
+      widen(read_word(word + k), v);
+#pragma unroll
+      for (int j = 0; j < G; ++j) d += exp_minus(v[j]);
+    }
+  }
+  MD<C> md = {m, d};
+  const RowFinish<OP, T> f(md, safe);
+  // The row's outputs, the emptiness test outside the loop.
+  auto write = [&](auto&& out) {
+    if (head) row[0] = from_compute<T>(out(first));
+    if (tail) row[n - 1] = from_compute<T>(out(last));
+#pragma unroll 4
+    for (int k = 0; k < words; ++k) {
+      widen(read_word(word + k), v);
+      Word w;
+#pragma unroll
+      for (int j = 0; j < G; ++j) w.v[j] = from_compute<T>(out(v[j]));
+      word[k] = w;
+    }
+  };
+  if (f.empty) {
+    write([&](C) { return f.empty_value(); });
+  } else {
+    write([&](C x) { return f.value(x); });
+  }
+}
+
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
 // with aligned vectors into shared memory, a thread takes each row from there (max, then
@@ -435,8 +525,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
-    // A tile lies in one block's shared memory: 32-bit indices, and loops unrolled by 4 (the
-    // row loops are most of this tier's instructions).
+    // A tile lies in one block's shared memory: 32-bit indices.
     const int n = static_cast<int>(cols);
     for (int r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
       T* row = tile + r * n;
@@ -444,21 +533,9 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       // shared memory and one exp an element instead of three reads and two. n is the block's.
       if (sizeof(C) == 4 && n <= 8) {
         staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
-        continue;
+      } else {
+        staged_row_in_words<OP, T>(row, n, safe != 0);
       }
-      C m = ps_neg_inf<C>();
-#pragma unroll 4
-      for (int c = 0; c < n; ++c) m = ps_max_nan(m, to_compute(row[c]));
-      C d = C(0);
-      if (m != ps_neg_inf<C>()) {
-        const ExpMinus<C> exp_minus(m);
-#pragma unroll 4
-        for (int c = 0; c < n; ++c) d += exp_minus(to_compute(row[c]));
-      }
-      MD<C> md = {m, d};
-      const RowFinish<OP, T> f(md, safe != 0);
-#pragma unroll 4
-      for (int c = 0; c < n; ++c) row[c] = from_compute<T>(f(to_compute(row[c])));
     }
     PS_SYNC();
     for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {

@@ -275,6 +275,30 @@ template <> PS_DEVICE float ps_max_nan<float>(float a, float b) {
 }
 #endif
 
+// The NaN-keeping max of two pairs of 16-bit floats, each pair one 32-bit word, element by
+// element: one instruction on NVIDIA sm_80 and newer (PackedMax<T>::native); elsewhere kernels
+// widen the pairs and take ps_max_nan.
+template <typename T> struct PackedMax {
+  static const bool native = false;
+  static PS_DEVICE unsigned max(unsigned a, unsigned /* b */) { return a; }
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PORTABLE_SOFTMAX_EMULATION)
+template <typename T, typename T2> struct PackedMaxOf {
+  static const bool native = true;
+  static PS_DEVICE unsigned max(unsigned a, unsigned b) {
+    T2 pa, pb;
+    memcpy(&pa, &a, 4);
+    memcpy(&pb, &b, 4);
+    const T2 r = __hmax2_nan(pa, pb);
+    unsigned out;
+    memcpy(&out, &r, 4);
+    return out;
+  }
+};
+template <> struct PackedMax<half_t> : PackedMaxOf<half_t, __half2> {};
+template <> struct PackedMax<bfloat16_t> : PackedMaxOf<bfloat16_t, __hip_bfloat162> {};
+#endif
+
 template <typename C> PS_DEVICE C ps_neg_inf() { return -PS_INF_F; }
 template <> PS_DEVICE double ps_neg_inf<double>() { return -PS_INF_D; }
 template <typename C> PS_DEVICE C ps_nan() { return PS_NAN_F; }
