@@ -249,6 +249,12 @@ STAGED_MIN_COLS = 5
 STAGED_MAX_ROW_BYTES = 512
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
+#: threads of a staged block: rows of up to half STAGED_MAX_ROW_BYTES, and longer ones (at most
+#: the kernel's launch bound, V.LAUNCH_BOUND_THREADS; 64 or 256 measured level or slower on an H100)
+STAGED_THREADS = 128
+STAGED_THREADS_LONG_ROWS = 64
+
+
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
@@ -264,7 +270,8 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
             or row_bytes % 16 == 0 or p.cols < STAGED_MIN_COLS
             or row_bytes > STAGED_MAX_ROW_BYTES):
         return None
-    threads = max(device.warp_size, 128 if row_bytes <= STAGED_MAX_ROW_BYTES // 2 else 64)
+    short = row_bytes <= STAGED_MAX_ROW_BYTES // 2
+    threads = max(device.warp_size, STAGED_THREADS if short else STAGED_THREADS_LONG_ROWS)
     rounds = max(1, round(STAGED_BYTES_PER_THREAD / row_bytes))  # rows a thread takes per step
     fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes  # the tile within one block's limit
     tile_rows = min(p.rows, threads * rounds, fitting // threads * threads)

@@ -146,6 +146,13 @@ PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) { *static_cast<ps_w
 #define PS_BLOCK_DIM_X blockDim.x
 #define PS_GRID_DIM_X gridDim.x
 #define PS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// At most `threads` a block, and registers few enough that `blocks` such blocks fit a
+// multiprocessor. HIP's second argument means waves per execution unit: there the thread bound.
+#if defined(__HIP__) || defined(__HIPCC__)
+#define PS_LAUNCH_BOUNDS_MIN(threads, blocks) __launch_bounds__(threads)
+#else
+#define PS_LAUNCH_BOUNDS_MIN(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
 #define PS_THREAD_FENCE() __threadfence()
 #define PS_ATOMIC_ADD(address, value) atomicAdd((address), (value))
 // One dynamic shared-memory symbol for every kernel of a translation unit

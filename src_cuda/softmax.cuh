@@ -334,6 +334,11 @@ PS_DEVICE void for_each_slot(const RowSlots<T, VEC>& rs, i64 begin, i64 end, F&&
   }
 }
 
+// Slots in flight a thread while a 16-bit chunk is cached: nvcc splits the raw 16-byte slots of
+// 16-bit values into a register a value, so four of them took 32 registers and held the block
+// tiers to 8 blocks of 128 threads a multiprocessor; two (with the launch bounds below) allow 12.
+const int kCacheDepth16 = 2;
+
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
 // stored, and returns this thread's (m, d) over them. Each thread later reads back
 // only the slots it wrote, so the cache needs no barrier of its own.
@@ -342,7 +347,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
                                                        Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;  // (m, d) as the loads arrive: no second pass over the cache
-  for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
+  for_each_slot<(sizeof(T) == 2 ? kCacheDepth16 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
     C v[VEC];
     widen(raw, v);
     acc.template push_all<VEC>(v);
@@ -896,6 +901,18 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   }
 }
 
+// Launch bounds of the tiers that cache rows in shared memory: the most threads a block the
+// planner gives them (planner.py: BLOCK_TIER_MAX_THREADS, STAGED_THREADS, CACHED_THREADS) and how
+// many such blocks a multiprocessor must hold, which caps registers a thread (NVIDIA: 40, 56, 48).
+// Measured on an H100: 16-bit rows of 3000-32000 columns from 80-83% of the copy at 52-64
+// registers (8 blocks a multiprocessor) to 93-95%, 67 columns 82 -> 86; float32 unchanged.
+// Bounds of 4, 9 and 6 blocks spilled (float32 8192 columns 99 -> 90).
+const int kBlockTierThreads = 512, kBlockTierMinBlocks = 3;
+const int kStagedThreads = 128, kStagedMinBlocks = 9;
+const int kCachedThreads = 256, kCachedMinBlocks = 5;
+// float64 kernels need their registers (they spilled under these bounds): one block.
+template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
+
 }  // namespace ps
 
 // ---- extern "C" entry points ----------------------------------------------------
@@ -908,7 +925,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V)
 
 #define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_block_##DT##_##OPN##_w##W##_v##V(                          \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kBlockTierThreads, ps::min_blocks<T>(ps::kBlockTierMinBlocks)) \
+  ps_block_##DT##_##OPN##_w##W##_v##V(                                                               \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::block_rows<T, OP, W, V>(x, y, rows, cols, xs, ys, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
@@ -940,7 +958,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
 
 #define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_cached_##DT##_##OPN##_w##W##_v##V(                  \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kCachedThreads, ps::min_blocks<T>(ps::kCachedMinBlocks)) \
+  ps_split_cached_##DT##_##OPN##_w##W##_v##V(                                                        \
       const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 rows, ps::i64 cols,\
       ps::i64 xs, ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                       \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
@@ -950,7 +969,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_STAGED_ENTRY(DT, T, OPN, OP, V)                                                           \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_staged_##DT##_##OPN##_v##V(                                \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \
+  ps_staged_##DT##_##OPN##_v##V(                                                                     \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::staged_rows<T, OP, V>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \

@@ -43,6 +43,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.kernel in names, launch.kernel
             assert f"_w{device.warp_size}_" in launch.kernel or launch.kernel in V.warp_free_names(dtype)
             assert 0 < launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
+            assert launch.block <= V.LAUNCH_BOUND_THREADS.get(p.tier, 1024), "over the kernel's launch bound"
             assert 0 < launch.grid <= device.max_grid_x
             static = 2 * (1024 // device.warp_size) * 8
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
