@@ -430,12 +430,6 @@ template <int OP, typename T, int N> PS_DEVICE void staged_row_in_registers(T* r
   }
 }
 
-// A staged row of n elements in shared memory, read and written a 32-bit word at a time: 16-bit
-// rows start at any element, so they are a head value (when the row starts mid-word), whole
-// words of two values and a tail value; wider types are words of one value. Two values a word
-// halve the shared-memory accesses and conversions of the row's three passes (max, sum,
-// outputs), and the max of a pair is one instruction where the vendor has it. Loops run on
-// 32-bit indices, unrolled by 4: they are most of this tier's instructions.
 // A 4-byte word of shared memory as one load (pairs of 16-bit values copied member by member
 // become two 2-byte loads); wider words as they are.
 template <typename W> PS_DEVICE W read_word(const W* at) {
@@ -446,6 +440,12 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
   return w;
 }
 
+// A staged row of n elements in shared memory, read and written a 32-bit word at a time: 16-bit
+// rows start at any element, so they are a head value (when the row starts mid-word), whole
+// words of two values and a tail value; wider types are words of one value. Two values a word
+// halve the shared-memory accesses and conversions of the row's three passes (max, sum,
+// outputs), and the max of a pair is one instruction where the vendor has it. Loops run on
+// 32-bit indices, unrolled by 4: they are most of this tier's instructions.
 template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, bool safe) {
   typedef typename compute_of<T>::type C;
   const int G = sizeof(T) == 2 ? 2 : 1;  // values a word
