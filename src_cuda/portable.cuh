@@ -284,10 +284,7 @@ template <> PS_DEVICE float ps_max_nan<float>(float a, float b) {
 // The NaN-keeping max of two pairs of 16-bit floats, each pair one 32-bit word, element by
 // element: one instruction on NVIDIA sm_80 and newer (PackedMax<T>::native); elsewhere kernels
 // widen the pairs and take ps_max_nan.
-template <typename T> struct PackedMax {
-  static const bool native = false;
-  static PS_DEVICE unsigned max(unsigned a, unsigned /* b */) { return a; }
-};
+template <typename T> struct PackedMax { static const bool native = false; };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PORTABLE_SOFTMAX_EMULATION)
 template <typename T, typename T2> struct PackedMaxOf {
   static const bool native = true;

@@ -460,19 +460,15 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
   const C last = tail ? to_compute(row[n - 1]) : ps_neg_inf<C>();
   C m = ps_max_nan(first, last);
   C v[G];
-  if (PackedMax<T>::native) {
+  if constexpr (PackedMax<T>::native) {
     Word top;
 #pragma unroll
     for (int j = 0; j < G; ++j) top.v[j] = from_compute<T>(ps_neg_inf<C>());
     unsigned top_bits;
     memcpy(&top_bits, &top, 4);
+    const unsigned* bits = reinterpret_cast<const unsigned*>(word);
 #pragma unroll 4
-    for (int k = 0; k < words; ++k) {
-      const Word w = read_word(word + k);
-      unsigned bits;
-      memcpy(&bits, &w, 4);
-      top_bits = PackedMax<T>::max(top_bits, bits);
-    }
+    for (int k = 0; k < words; ++k) top_bits = PackedMax<T>::max(top_bits, bits[k]);
     memcpy(&top, &top_bits, 4);
     widen(top, v);
 #pragma unroll
