@@ -320,6 +320,9 @@ BLOCK_TIER_MAX_THREADS = 512
 #: slower (8192-50257 columns 3-10 points, float32 1-2).
 BLOCK_TIER_MIN_WARPS = 1
 BLOCK_TIER_SLOTS_PER_THREAD = 8
+#: a block-tier row takes at most 1 / BLOCK_TIER_SM_SHARE of a multiprocessor's shared memory
+#: (longer rows are split across blocks)
+BLOCK_TIER_SM_SHARE = 2
 #: threads per block of the on-chip split tier, and chunks of its rows a multiprocessor holds
 CACHED_THREADS = 256
 CACHED_CHUNKS_PER_SM = 4
@@ -388,9 +391,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     compute_bytes = _compute_bytes(p.dtype)
     # The block reduction's static scratch, and what the runtime reserves per block, sit beside the cache.
     static_bytes = 2 * (1024 // warp) * compute_bytes + 1024
-    # A block may take half a multiprocessor's shared memory, so that two blocks overlap
-    # one's reduction with the other's loads.
-    block_budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // 2) - static_bytes
+    # A block may take a share of a multiprocessor's shared memory, so that several blocks
+    # overlap one's reduction with the others' loads.
+    block_budget = (min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // BLOCK_TIER_SM_SHARE)
+                    - static_bytes)
     few_rows = p.rows < device.multiprocessors
     if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
         threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS,

@@ -20,12 +20,25 @@ from portable_softmax import planner
 from portable_softmax.bench import _Timer, device_copies, fastest_copy_ms
 
 
+def split_top_level(text: str) -> list[str]:
+    """`text` split at the commas outside brackets, so that a knob's value may be a tuple or dict."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
 def parse_variants(text: str) -> list[tuple[str, dict]]:
     variants = []
     for item in filter(None, text.split(";")):
         name, _, knobs = item.partition("=")
         settings = {}
-        for knob in filter(None, knobs.split(",")):
+        for knob in filter(None, split_top_level(knobs)):
             key, _, value = knob.partition(":")
             if not hasattr(planner, key):
                 raise SystemExit(f"planner has no knob {key!r}")
