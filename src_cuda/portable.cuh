@@ -130,6 +130,35 @@ PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) {
 PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) { *static_cast<ps_words4*>(at) = v; }
 #endif
 
+// ---- global -> shared copies that bypass registers (NVIDIA sm_80 and newer) --------------------
+// cp.async copies 4, 8 or 16 bytes into shared memory without holding them in a register, so a
+// thread can have every slot of its chunk in flight at once and wait once. Elsewhere (HIP, the
+// emulation, older NVIDIA) PS_ASYNC_COPY is 0 and kernels load through registers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PORTABLE_SOFTMAX_EMULATION)
+#define PS_ASYNC_COPY 1
+template <int BYTES> PS_DEVICE void async_copy(void* shared_at, const void* global_at) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared_at));
+  if (BYTES == 16) {  // .cg: through L2 only; the row is read from shared memory from here on
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global_at) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(global_at), "n"(BYTES) : "memory");
+  }
+}
+// This thread's copies are done and visible to it (other threads need a barrier as well).
+PS_DEVICE void async_copy_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#elif defined(PORTABLE_SOFTMAX_EMULATION) && defined(PS_EMULATE_ASYNC_COPY)
+// The emulation built to take this path (the tests build it both ways): copies land only at the
+// wait and read as poison before it, so a read that does not wait for its copy fails.
+#define PS_ASYNC_COPY 1
+template <int BYTES> PS_DEVICE void async_copy(void* shared_at, const void* global_at) {
+  ps_emu_async_copy(shared_at, global_at, BYTES);
+}
+PS_DEVICE void async_copy_wait_all() { ps_emu_async_wait_all(); }
+#else
+#define PS_ASYNC_COPY 0
+#endif
+
 #if !defined(PS_INF_F)  // clang (HIP, hipRTC) and the host compiler know the builtins
 #define PS_INF_F __builtin_huge_valf()
 #define PS_NAN_F __builtin_nanf("")

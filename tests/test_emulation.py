@@ -115,6 +115,23 @@ def test_dynamic_shared_memory_starts_poisoned_and_is_per_block(library):
     np.testing.assert_array_equal(out, (t // block) * 1000 + (block - 1 - t % block))
 
 
+def test_async_copies_land_at_the_wait_and_break_loudly(library):
+    block = 64
+    values = np.arange(1, block + 2, dtype=np.int32) * 7
+    before, after = np.zeros(block, np.int32), np.zeros(block, np.int32)
+    args = (("ptr", "in"), ("ptr", "before"), ("ptr", "after"), ("i32", 0), ("i32", 1))
+    ptrs = _pointers(**{"in": values, "before": before, "after": after})
+    library.launch("emu_probe_async_copy", 32, 1, block, 4 * block, args, ptrs)
+    assert (before == -1).all(), "a copy's destination must read as poison until the wait"
+    np.testing.assert_array_equal(after, values[:block])
+    with pytest.raises(EmulationError, match="never waited for"):
+        library.launch("emu_probe_async_copy", 32, 1, block, 4 * block, args[:3] + (("i32", 0), ("i32", 0)), ptrs)
+    with pytest.raises(EmulationError, match="not aligned"):
+        library.launch("emu_probe_async_copy", 32, 1, block, 4 * block, args[:3] + (("i32", 2), ("i32", 1)), ptrs)
+    with pytest.raises(EmulationError, match="outside the block's dynamic shared memory"):
+        library.launch("emu_probe_async_copy", 32, 1, block, 4 * (block - 1), args, ptrs)
+
+
 @pytest.mark.parametrize("step", [1, -1])
 def test_a_missing_barrier_reads_poison_in_one_thread_order_or_the_other(library, step):
     grid, block = 2, 64
@@ -310,6 +327,24 @@ def _shapes_reaching_every_tier(runtime: EmulatedRuntime, dtype: str) -> list[tu
 
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_every_tier_matches_the_reference(runtime, rng, dtype):
+    _every_tier_matches_the_reference(runtime, rng, dtype)
+
+
+@pytest.fixture(scope="module")
+def async_library() -> EmulationLibrary:
+    return _library_or_skip(SRC_CUDA, tuple(V.DTYPES), ("PS_EMULATE_ASYNC_COPY",))
+
+
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_every_tier_with_copies_that_land_only_at_the_wait(async_library, rng, dtype):
+    """The kernels as NVIDIA sm_80 and newer build them (PS_ASYNC_COPY: row caches filled by copies
+    that bypass registers), at warp 32, where those run: every tier, and rows with partial heads."""
+    runtime = EmulatedRuntime(async_library, 32)
+    _every_tier_matches_the_reference(runtime, rng, dtype)
+    _misaligned_rows_match_the_reference(runtime, rng, dtype, 1, 1)
+
+
+def _every_tier_matches_the_reference(runtime, rng, dtype):
     warp = runtime.profile(0).warp_size
     tiers = set()
     for shape, axis in _shapes_reaching_every_tier(runtime, dtype):
@@ -373,6 +408,10 @@ def test_log_softmax_of_a_dominant_max_keeps_its_small_output(runtime, rng, dtyp
 def test_misaligned_rows_use_scalar_heads_and_tails(runtime, rng, dtype, x_misalign, y_misalign):
     """Rows whose start is not vector-aligned: the same offset takes a partial head slot, different
     offsets force the scalar (VEC = 1) kernels."""
+    _misaligned_rows_match_the_reference(runtime, rng, dtype, x_misalign, y_misalign)
+
+
+def _misaligned_rows_match_the_reference(runtime, rng, dtype, x_misalign, y_misalign):
     for rows, cols in [(40, 3), (9, 130), (5, 1000), (7, 5000), (3, 12000), (1, 20000)]:
         x = _inputs(rng, (rows, cols), dtype)
         problem = RowProblem(dtype, "softmax", rows, cols, x_misalign=x_misalign, y_misalign=y_misalign)

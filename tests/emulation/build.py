@@ -66,9 +66,13 @@ def _kernel_sources(src_dir: Path, dtypes: tuple[str, ...]) -> list[Path]:
     return sources
 
 
-def _build_key(cxx: str, src_dir: Path, dtypes: tuple[str, ...]) -> str:
+def _kernel_flags(defines: tuple[str, ...]) -> tuple[str, ...]:
+    return KERNEL_FLAGS + tuple(f"-D{d}" for d in defines)
+
+
+def _build_key(cxx: str, src_dir: Path, dtypes: tuple[str, ...], defines: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
-    for part in (_compiler_identity(cxx), " ".join(CXXFLAGS + KERNEL_FLAGS + LDFLAGS), ",".join(dtypes)):
+    for part in (_compiler_identity(cxx), " ".join(CXXFLAGS + _kernel_flags(defines) + LDFLAGS), ",".join(dtypes)):
         digest.update(part.encode() + b"\0")
     headers = sorted(src_dir.glob("*.cuh")) + sorted(EMULATION_DIR.glob("*.h"))
     for path in [*headers, *RUNTIME_SOURCES, *_kernel_sources(src_dir, dtypes)]:
@@ -76,9 +80,9 @@ def _build_key(cxx: str, src_dir: Path, dtypes: tuple[str, ...]) -> str:
     return digest.hexdigest()[:20]
 
 
-def _compile(cxx: str, source: Path, obj: Path, src_dir: Path) -> None:
+def _compile(cxx: str, source: Path, obj: Path, src_dir: Path, defines: tuple[str, ...]) -> None:
     kernel = source.suffix == ".cu"
-    cmd = [cxx, *CXXFLAGS, f"-I{EMULATION_DIR}", f"-I{src_dir}", *(KERNEL_FLAGS if kernel else ()),
+    cmd = [cxx, *CXXFLAGS, f"-I{EMULATION_DIR}", f"-I{src_dir}", *(_kernel_flags(defines) if kernel else ()),
            "-c", str(source), "-o", str(obj)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -86,11 +90,13 @@ def _compile(cxx: str, source: Path, obj: Path, src_dir: Path) -> None:
 
 
 def build_library(src_dir: Path = SRC_CUDA, dtypes: tuple[str, ...] = tuple(V.DTYPES),
-                  build_root: Path = BUILD_ROOT, jobs: int | None = None) -> Path:
-    """Path of the emulation library for ``src_dir``, compiling it unless cached."""
+                  build_root: Path = BUILD_ROOT, jobs: int | None = None, defines: tuple[str, ...] = ()) -> Path:
+    """Path of the emulation library for ``src_dir``, compiling it unless cached. ``defines`` are
+    macros for the kernel sources (PS_EMULATE_ASYNC_COPY: the kernels' asynchronous-copy path)."""
     cxx = compiler()
     src_dir = Path(src_dir).resolve()
-    target_dir = Path(build_root) / _build_key(cxx, src_dir, tuple(dtypes))
+    defines = tuple(defines)
+    target_dir = Path(build_root) / _build_key(cxx, src_dir, tuple(dtypes), defines)
     library = target_dir / LIBRARY_NAME
     if library.is_file():
         return library
@@ -104,7 +110,8 @@ def build_library(src_dir: Path = SRC_CUDA, dtypes: tuple[str, ...] = tuple(V.DT
             sources = [*_kernel_sources(src_dir, tuple(dtypes)), *RUNTIME_SOURCES]
             objects = [Path(tmp) / f"{s.stem}.o" for s in sources]
             with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-                futures = [pool.submit(_compile, cxx, s, o, src_dir) for s, o in zip(sources, objects, strict=True)]
+                futures = [pool.submit(_compile, cxx, s, o, src_dir, defines)
+                           for s, o in zip(sources, objects, strict=True)]
                 for future in futures:
                     future.result()
             staged = Path(tmp) / LIBRARY_NAME

@@ -23,6 +23,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,6 +83,9 @@ struct Fiber {
   void* result = nullptr;
   unsigned size = 0;
   int lane_mask = 0, width = 0;
+  // copies to shared memory issued and not yet waited for (ps_emu_async_copy)
+  struct PendingCopy { void* to; const void* from; unsigned bytes; };
+  std::vector<PendingCopy> copies;
 };
 
 std::string thread_range(unsigned first, unsigned last) {
@@ -120,6 +125,13 @@ class Worker {
 
   const std::string& error() const { return error_; }
 
+  // Whether [at, at + bytes) lies in the block's dynamic shared memory.
+  bool in_dynamic_shared(const void* at, std::size_t bytes) const {
+    const unsigned char* first = reinterpret_cast<const unsigned char*>(shared_.data());
+    const unsigned char* p = static_cast<const unsigned char*>(at);
+    return p >= first && p + bytes <= first + spec_->shared_bytes;
+  }
+
   // ---- called on fibers ----------------------------------------------------------
   Fiber& running() { return *running_; }
   const LaunchSpec& spec() const { return *spec_; }
@@ -141,6 +153,11 @@ class Worker {
     for (;;) {
       w = current();  // locals do not survive the jumps; the thread's worker does
       w->spec_->thunk(w->spec_->args);
+      if (!w->running_->copies.empty()) {
+        w->fail_fiber("kernel " + w->spec_->kernel + ": thread " + std::to_string(w->running_->ids.thread_x) +
+                      " returned with " + std::to_string(w->running_->copies.size()) +
+                      " copies to shared memory it never waited for");
+      }
       w->running_->wait = Wait::kDone;
       w->suspend();
     }
@@ -354,6 +371,7 @@ bool Worker::run_block(const LaunchSpec& spec, unsigned block) {
     f.ids = {t, block, spec.block, spec.grid, shared};
     f.wait = Wait::kRunnable;
     f.shuffles = f.barriers = 0;
+    f.copies.clear();
   }
   block_ = block;
   const bool ok = schedule();
@@ -551,6 +569,29 @@ void ps_emu_sync_threads(void) {
   ++w->running().barriers;
   w->running().wait = ps_emu::Wait::kBarrier;
   w->suspend();
+}
+
+void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes) {
+  Worker* w = Worker::current();
+  ps_emu::Fiber& f = w->running();
+  const std::string who = "kernel " + w->spec().kernel + ": thread " + std::to_string(f.ids.thread_x);
+  if (bytes != 4 && bytes != 8 && bytes != 16) {
+    w->fail_fiber(who + " copies " + std::to_string(bytes) + " bytes to shared memory; 4, 8 or 16 can be copied");
+  }
+  if (reinterpret_cast<std::uintptr_t>(shared_at) % bytes != 0 || reinterpret_cast<std::uintptr_t>(global_at) % bytes != 0) {
+    w->fail_fiber(who + " copies " + std::to_string(bytes) + " bytes between addresses not aligned to them");
+  }
+  if (!w->in_dynamic_shared(shared_at, bytes)) {
+    w->fail_fiber(who + " copies to an address outside the block's dynamic shared memory");
+  }
+  std::memset(shared_at, ps_emu::kPoisonByte, bytes);  // undefined until the wait
+  f.copies.push_back({shared_at, global_at, bytes});
+}
+
+void ps_emu_async_wait_all(void) {
+  ps_emu::Fiber& f = Worker::current()->running();
+  for (const auto& c : f.copies) std::memcpy(c.to, c.from, c.bytes);
+  f.copies.clear();
 }
 
 void ps_emu_spin_pause(void) {

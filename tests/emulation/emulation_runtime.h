@@ -113,6 +113,11 @@ void ps_emu_shuffle_xor(const void* value, void* result, unsigned size, int lane
 void ps_emu_sync_threads(void);
 // Let other threads and blocks run while this thread waits on them (a spin-wait's body).
 void ps_emu_spin_pause(void);
+// A copy of 4, 8 or 16 aligned bytes into the block's dynamic shared memory that lands only at the
+// thread's next ps_emu_async_wait_all; the destination reads as poison until then. A thread that
+// returns with copies it never waited for fails the launch.
+void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes);
+void ps_emu_async_wait_all(void);
 }
 
 template <typename V>

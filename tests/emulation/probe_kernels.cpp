@@ -78,6 +78,21 @@ PS_GLOBAL void emu_probe_missing_barrier(int* out, int step) {
 }
 PS_EXPORT_KERNEL(emu_probe_missing_barrier)
 
+// Thread t copies in[t] into slot t of dynamic shared memory asynchronously, from `shift` bytes
+// past it; `before` gets the slot before the wait (poison), `after` after it. With wait == 0 the
+// thread returns without waiting (a launch error).
+PS_GLOBAL void emu_probe_async_copy(const int* in, int* before, int* after, int shift, int wait) {
+  PS_DYNAMIC_SHARED_BYTES(cache);
+  int* slots = reinterpret_cast<int*>(cache);
+  const unsigned t = PS_THREAD_X;
+  ps_emu_async_copy(&slots[t], reinterpret_cast<const char*>(&in[t]) + shift, 4);
+  before[t] = slots[t];
+  if (!wait) return;
+  ps_emu_async_wait_all();
+  after[t] = slots[t];
+}
+PS_EXPORT_KERNEL(emu_probe_async_copy)
+
 // Writes `bytes` bytes of dynamic shared memory (more than launched: an overflow).
 PS_GLOBAL void emu_probe_shared_write(long long bytes) {
   PS_DYNAMIC_SHARED_BYTES(cache);

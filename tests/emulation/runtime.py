@@ -186,9 +186,11 @@ class EmulatedRuntime:
 
 
 @cache
-def load_library(src_dir: Path = SRC_CUDA, dtypes: tuple[str, ...] = tuple(V.DTYPES)) -> EmulationLibrary:
-    """The emulation library of ``src_dir`` for ``dtypes``, built on first use (once per process)."""
-    return EmulationLibrary(build_library(Path(src_dir), dtypes))
+def load_library(src_dir: Path = SRC_CUDA, dtypes: tuple[str, ...] = tuple(V.DTYPES),
+                 defines: tuple[str, ...] = ()) -> EmulationLibrary:
+    """The emulation library of ``src_dir`` for ``dtypes`` (kernels compiled with ``defines``),
+    built on first use (once per process)."""
+    return EmulationLibrary(build_library(Path(src_dir), dtypes, defines=defines))
 
 
 def emulated_runtimes() -> dict[str, EmulatedRuntime]:
