@@ -1,0 +1,77 @@
+"""A/B runs of kernel changes: several source trees built side by side, benched in one machine session.
+
+    python3 tools/ab_builds.py NAME=SRC [NAME=SRC ...] [--arch 90-real] [--runs 2] -- BENCH ARGS
+
+Each SRC (a checkout, or a `git archive` of a commit unpacked beside it) is built in parallel
+into its own target and build directory; then `portable-softmax bench BENCH ARGS --json ...`
+runs once per build and run, interleaved (A B A B), from a directory where no checkout shadows
+the build. Prints one line per (dtype, shape, axis, op): each build's % of the copy in each run,
+then torch's. Figures from one machine session only: builds on different machines do not compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def build(name: str, src: Path, work: Path, arch: str) -> Path:
+    target = work / f"pkg_{name}"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target", str(target),
+           "-C", f"build-dir={work / f'build_{name}'}", "-C", f"cmake.define.CMAKE_CUDA_ARCHITECTURES={arch}",
+           str(src)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"building {name} from {src} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return target
+
+
+def bench(target: Path, bench_args: list[str], json_path: Path, work: Path) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    cmd = [sys.executable, "-m", "portable_softmax.cli", "bench", *bench_args, "--json", str(json_path)]
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench with {target} failed:\n{done.stderr[-3000:]}")
+    return json.loads(json_path.read_text())["results"]
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("builds", nargs="+", help="NAME=SRC")
+    ap.add_argument("--arch", default="90-real", help="CMAKE_CUDA_ARCHITECTURES of every build")
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args(argv[:split])
+    bench_args = argv[split + 1:]
+    builds = [tuple(b.split("=", 1)) for b in args.builds]
+    if any(len(b) != 2 for b in builds):
+        raise SystemExit("builds are NAME=SRC")
+    work = Path(tempfile.mkdtemp(prefix="ps_ab_"))
+    with ThreadPoolExecutor(len(builds)) as pool:
+        targets = dict(zip([n for n, _ in builds],
+                           pool.map(lambda b: build(b[0], Path(b[1]).resolve(), work, args.arch), builds)))
+    table: dict[tuple, dict[str, list[float]]] = {}
+    torch_pct: dict[tuple, list[float]] = {}
+    for run in range(args.runs):
+        for name, target in targets.items():
+            for r in bench(target, bench_args, work / f"{name}_{run}.json", work):
+                key = (r["dtype"], "x".join(map(str, r["shape"])), r.get("axis", -1), r["op"])
+                table.setdefault(key, {}).setdefault(name, []).append(r["ours_pct_of_copy"])
+                if r.get("torch_pct_of_copy") is not None:
+                    torch_pct.setdefault(key, []).append(r["torch_pct_of_copy"])
+    print("dtype shape axis op | " + " | ".join(targets) + " | torch")
+    for key, cells in table.items():
+        runs = " | ".join(" ".join(f"{v:5.1f}" for v in cells.get(name, [])) for name in targets)
+        theirs = " ".join(f"{v:.0f}" for v in torch_pct.get(key, []))
+        print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {runs} | {theirs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
