@@ -344,30 +344,24 @@ const int kCacheDepth16 = 2;
 // (PS_ASYNC_COPY, 4- to 16-byte slots): a thread then has every slot of its share in flight at
 // once, however many, where loads through registers keep a few (their registers, and the wait for
 // each batch's use, held the 16-bit cached tiers to 72-93% of the copy).
-template <typename T, int VEC> struct AsyncSlots {
-  static const bool enabled = PS_ASYNC_COPY && sizeof(Vec<T, VEC>) >= 4;
-};
+template <typename T, int VEC> constexpr bool kAsyncSlots = PS_ASYNC_COPY && sizeof(Vec<T, VEC>) >= 4;
 
+#if PS_ASYNC_COPY
 // This thread's slots of [begin, end) (begin + threadIdx, + blockDim, ...) into the cache as
-// stored (cache[0] is slot begin); with AsyncSlots, there when it returns (for this thread; for
-// the block's other threads after a barrier). Out-of-row elements read as -inf.
+// stored (cache[0] is slot begin), there when it returns (for this thread; for the block's other
+// threads after a barrier). Out-of-row elements read as -inf.
 template <typename T, int VEC>
 PS_DEVICE void copy_slots_to_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, Vec<T, VEC>* cache) {
-#if PS_ASYNC_COPY
-  if constexpr (AsyncSlots<T, VEC>::enabled) {
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-      if (rs.full(k)) {
-        async_copy<sizeof(Vec<T, VEC>)>(&cache[k - begin], rs.x + (k * VEC - rs.pad));
-      } else {
-        cache[k - begin] = rs.load_raw(k);
-      }
+  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+    if (rs.full(k)) {
+      async_copy<sizeof(Vec<T, VEC>)>(&cache[k - begin], rs.x + (k * VEC - rs.pad));
+    } else {
+      cache[k - begin] = rs.load_raw(k);
     }
-    async_copy_wait_all();
-    return;
   }
-#endif
-  for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) { cache[k - begin] = raw; });
+  async_copy_wait_all();
 }
+#endif
 
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
 // stored, and returns this thread's (m, d) over them. Each thread later reads back
@@ -377,7 +371,8 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
                                                        Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
-  if constexpr (AsyncSlots<T, VEC>::enabled) {  // all copies first, then (m, d) from shared memory
+#if PS_ASYNC_COPY
+  if constexpr (kAsyncSlots<T, VEC>) {  // all copies first, then (m, d) from shared memory
     copy_slots_to_cache(rs, begin, end, cache);
     for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
       C v[VEC];
@@ -386,6 +381,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
     }
     return acc.md();
   }
+#endif
   // (m, d) as the loads arrive: no second pass over the cache
   for_each_slot<(sizeof(T) == 2 ? kCacheDepth16 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
     C v[VEC];
