@@ -186,6 +186,19 @@ template <typename T, int VEC> struct RowSlots {
   PS_DEVICE void load(i64 k, C* v) const {
     widen(load_raw(k), v);
   }
+  // Values already in the stored type (outputs computed in place in shared memory).
+  PS_DEVICE void store_raw(i64 k, const Vec<T, VEC>& raw) const {
+    const i64 first = k * VEC - pad;
+    if (full(k)) {
+      *reinterpret_cast<Vec<T, VEC>*>(y + first) = raw;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const i64 i = first + j;
+        if (i >= 0 && i < cols) y[i] = raw.v[j];
+      }
+    }
+  }
   template <bool kOneInstruction = false> PS_DEVICE void store(i64 k, const C* v) const {
     const i64 first = k * VEC - pad;
     if (full(k)) {
@@ -345,22 +358,26 @@ const int kCacheDepth16 = 2;
 // each batch's use, held the 16-bit cached tiers to 72-93% of the copy).
 template <typename T, int VEC> constexpr bool kAsyncSlots = PS_ASYNC_COPY && sizeof(Vec<T, VEC>) >= 4;
 
-#if PS_ASYNC_COPY
 // This thread's slots of [begin, end) (begin + threadIdx, + blockDim, ...) into the cache as
-// stored (cache[0] is slot begin), there when it returns (for this thread; for the block's other
-// threads after a barrier). Out-of-row elements read as -inf.
+// stored (cache[0] is slot begin); with kAsyncSlots, there when it returns (for this thread; for
+// the block's other threads after a barrier). Out-of-row elements read as -inf.
 template <typename T, int VEC>
 PS_DEVICE void copy_slots_to_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, Vec<T, VEC>* cache) {
-  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
-    if (rs.full(k)) {
-      async_copy<sizeof(Vec<T, VEC>)>(&cache[k - begin], rs.x + (k * VEC - rs.pad));
-    } else {
-      cache[k - begin] = rs.load_raw(k);
+#if PS_ASYNC_COPY
+  if constexpr (kAsyncSlots<T, VEC>) {
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+      if (rs.full(k)) {
+        async_copy<sizeof(Vec<T, VEC>)>(&cache[k - begin], rs.x + (k * VEC - rs.pad));
+      } else {
+        cache[k - begin] = rs.load_raw(k);
+      }
     }
+    async_copy_wait_all();
+    return;
   }
-  async_copy_wait_all();
-}
 #endif
+  for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) { cache[k - begin] = raw; });
+}
 
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
 // stored, and returns this thread's (m, d) over them. Each thread later reads back
@@ -558,7 +575,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
     const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
-    for_each_slot<4>(span, 0, span.slots, [&](i64 k, const Vec<T, VEC>& raw) { cache[k] = raw; });
+    copy_slots_to_cache(span, 0, span.slots, cache);
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
     // A tile lies in one block's shared memory: 32-bit indices.
@@ -574,11 +591,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       }
     }
     PS_SYNC();
-    for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
-      C v[VEC];
-      widen(cache[k], v);
-      span.store(k, v);
-    }
+    for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) span.store_raw(k, cache[k]);
     PS_SYNC();  // the next span reuses the tile
   }
 }
