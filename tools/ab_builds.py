@@ -1,6 +1,6 @@
 """A/B runs of kernel changes: several source trees built side by side, benched in one machine session.
 
-    python3 tools/ab_builds.py NAME=SRC [NAME=SRC ...] [--arch 90-real] [--runs 2] -- BENCH ARGS
+    python3 tools/ab_builds.py NAME=SRC [NAME=SRC ...] [--arch 90-real] [--runs 2] [--work DIR] -- BENCH ARGS
 
 Each SRC (a checkout, or a `git archive` of a commit unpacked beside it) is built in parallel
 into its own target and build directory; then `portable-softmax bench BENCH ARGS --json ...`
@@ -23,6 +23,8 @@ from pathlib import Path
 
 def build(name: str, src: Path, work: Path, arch: str) -> Path:
     target = work / f"pkg_{name}"
+    if (target / "portable_softmax").is_dir():  # built by an earlier call with the same --work
+        return target
     cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target", str(target),
            "-C", f"build-dir={work / f'build_{name}'}", "-C", f"cmake.define.CMAKE_CUDA_ARCHITECTURES={arch}",
            str(src)]
@@ -48,15 +50,20 @@ def main() -> None:
     ap.add_argument("builds", nargs="+", help="NAME=SRC")
     ap.add_argument("--arch", default="90-real", help="CMAKE_CUDA_ARCHITECTURES of every build")
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--work", help="directory kept between calls: builds found there are reused")
+    ap.add_argument("--build-only", action="store_true", help="build every tree and stop")
     args = ap.parse_args(argv[:split])
     bench_args = argv[split + 1:]
     builds = [tuple(b.split("=", 1)) for b in args.builds]
     if any(len(b) != 2 for b in builds):
         raise SystemExit("builds are NAME=SRC")
-    work = Path(tempfile.mkdtemp(prefix="ps_ab_"))
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="ps_ab_"))
+    work.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(len(builds)) as pool:
         targets = dict(zip([n for n, _ in builds],
                            pool.map(lambda b: build(b[0], Path(b[1]).resolve(), work, args.arch), builds)))
+    if args.build_only:
+        return
     table: dict[tuple, dict[str, list[float]]] = {}
     torch_pct: dict[tuple, list[float]] = {}
     for run in range(args.runs):
