@@ -194,7 +194,7 @@ def scalar_rows(p: RowProblem, warp: int) -> bool:
     if p.strides()[0] % widest == 0:
         return False
     fill = p.cols / (warp << ceil(p.cols / warp - 1).bit_length())  # of the deep variant's slots
-    if itemsize == 2 and p.cols * itemsize > STAGED_MAX_ROW_BYTES // 2:
+    if itemsize == 2 and p.cols * itemsize > STAGED_SHORT_ROW_BYTES:
         return fill >= SCALAR_ROWS_MIN_FILL  # the staged tier would run 64-thread blocks
     return itemsize == 2 and fill >= SCALAR_ROWS_FULL
 
@@ -228,10 +228,20 @@ def slots_needed(p: RowProblem, vec: int) -> int:
 #: lane 69-79% of the copy, in the block tier 80-88%; at a cap of 16 values 1000-1024 columns
 #: fell from 88-94 to 80-84; float32 rows at 64 values a lane are at the copy already.
 WARP_TIER_MAX_VALUES = {2: 32}
+#: the same where the block tier's row cache is filled by asynchronous copies, for rows that start
+#: on 4-byte boundaries. Measured on an H100 (16-bit, % of the copy, cap 16 against 32): 600-1024
+#: columns 72-91 -> 87-101 (520: 77 -> 79); odd columns 513-777 57-73 against 67-78 at 32, 901-1001
+#: level (+1-2 at 16), so rows of an odd number of 16-bit values keep the cap of 32.
+WARP_TIER_MAX_VALUES_ASYNC = {2: 16}
 
 
-def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVariant | None:
-    most = WARP_TIER_MAX_VALUES.get(V.DTYPES[p.dtype][2], 1 << 30)
+def _warp_variant(p: RowProblem, device: DeviceProfile, vec: int, slots: int) -> V.WarpVariant | None:
+    warp = device.warp_size
+    itemsize = V.DTYPES[p.dtype][2]
+    # the asynchronous cap holds for rows on 4-byte boundaries (see WARP_TIER_MAX_VALUES_ASYNC)
+    whole_words = (p.strides()[0] * itemsize) % 4 == 0 and (p.x_misalign * itemsize) % 4 == 0
+    caps = WARP_TIER_MAX_VALUES_ASYNC if has_async_copy(device) and whole_words else WARP_TIER_MAX_VALUES
+    most = caps.get(itemsize, 1 << 30)
     candidates = [v for v in V.warp_variants(p.dtype, p.op, warp, vec) if v.slots * vec <= most]
     if vec == 1 and slots <= V.THREAD_ROW_SLOTS:  # tiny scalar rows: a lane each, no shuffles
         candidates = [v for v in candidates if v.lanes == 1]
@@ -247,12 +257,28 @@ def _warp_variant(p: RowProblem, warp: int, vec: int, slots: int) -> V.WarpVaria
 #: vectors (8, 32, 128 columns) and of 1-4 elements are faster in the register tier.
 STAGED_MIN_COLS = 5
 STAGED_MAX_ROW_BYTES = 512
+#: the same where copies are asynchronous (the staged tier fills its span with cp.async). Measured
+#: on an H100: 16-bit rows of 257-383 columns 53-71 -> 83-95% of the copy; longer rows do not fit a
+#: 64-thread tile in a block's default shared memory and stay in the register tier.
+STAGED_MAX_ROW_BYTES_ASYNC = 1024
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
 #: threads of a staged block: rows of up to half STAGED_MAX_ROW_BYTES, and longer ones (at most
 #: the kernel's launch bound, V.LAUNCH_BOUND_THREADS; 64 or 256 measured level or slower on an H100)
 STAGED_THREADS = 128
 STAGED_THREADS_LONG_ROWS = 64
+#: rows longer than this many bytes take STAGED_THREADS_LONG_ROWS
+STAGED_SHORT_ROW_BYTES = 256
+#: where copies are asynchronous: rows of up to this many columns, by element size, that the
+#: staged tier takes ahead of the register tier's scalar slots. Measured on an H100: 16-bit 127,
+#: 201 and 255 columns 84-91 -> 94-100% of the copy; float32 65-75 columns 91-96 -> 100-101, but
+#: 96-127 columns 1-4 points slower staged.
+STAGED_BEFORE_SCALAR_COLS = {2: 512, 4: 80}
+#: where copies are asynchronous: rows of whole 16-byte vectors up to this many bytes are staged
+#: too. Measured on an H100 (threads starting rows at different words, for_each_word_from):
+#: 16-bit 24-200 columns 65-96 -> 94-101% of the copy, float32 20-68 columns 92-101 -> 99-102;
+#: rows of 384 bytes level or 4 points slower in float32, 512 bytes (16-bit 256) 95 -> 87-91.
+STAGED_WHOLE_VECTORS_MAX_BYTES = 400
 
 
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
@@ -265,12 +291,15 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
+    copies_async = has_async_copy(device)
+    ahead_of_scalar = copies_async and p.cols <= STAGED_BEFORE_SCALAR_COLS.get(itemsize, 0)
     if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
-            or scalar_rows(p, device.warp_size)
-            or row_bytes % 16 == 0 or p.cols < STAGED_MIN_COLS
-            or row_bytes > STAGED_MAX_ROW_BYTES):
+            or (scalar_rows(p, device.warp_size) and not ahead_of_scalar)
+            or (row_bytes % 16 == 0 and not (copies_async and row_bytes <= STAGED_WHOLE_VECTORS_MAX_BYTES))
+            or p.cols < STAGED_MIN_COLS
+            or row_bytes > (STAGED_MAX_ROW_BYTES_ASYNC if copies_async else STAGED_MAX_ROW_BYTES)):
         return None
-    short = row_bytes <= STAGED_MAX_ROW_BYTES // 2
+    short = row_bytes <= STAGED_SHORT_ROW_BYTES
     threads = max(device.warp_size, STAGED_THREADS if short else STAGED_THREADS_LONG_ROWS)
     rounds = max(1, round(STAGED_BYTES_PER_THREAD / row_bytes))  # rows a thread takes per step
     fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes  # the tile within one block's limit
@@ -379,7 +408,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     itemsize = V.DTYPES[p.dtype][2]
     notes = {"vec": vec, "slots": slots}
 
-    variant = _warp_variant(p, warp, vec, slots)
+    variant = _warp_variant(p, device, vec, slots)
     if variant is not None:
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
         rows_per_block = threads // variant.lanes * V.warp_batch(p.dtype, variant.slots, vec)
@@ -448,22 +477,34 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     return Plan("split", (partials, normalize), scratch=(("partials", 2 * jobs * compute_bytes),), notes=notes)
 
 
-#: float32 rows too long for one block but within V.CLUSTER_SIZES chunks of a quarter
+#: float32 and 16-bit rows too long for one block but within V.CLUSTER_SIZES chunks of a quarter
 #: multiprocessor's shared memory go to thread block clusters where the device has them, a
 #: cluster per row. Measured on an H100 against the on-chip split tier (blocks merging through
 #: global memory): float32 32000 and 50257 columns 86-87 -> 89-90% of the copy; but clusters of
 #: 8 (128256-131072 columns) 84-88 -> 84-85, chunks of half a multiprocessor's shared memory
 #: (65536-100000 columns) 86 -> 73-87, 16-bit rows of 128256-262144 columns 70-73 -> 52-69, and
 #: one wave of resident clusters looping over rows 66-74 (a cluster waiting to become resident
-#: holds its rows back): so float32 only, clusters of 2-4, a cluster per row.
+#: holds its rows back): so float32 only, clusters of 2-4, a cluster per row. Since the row caches
+#: are filled by cp.async, 16-bit rows gain too: 65536-100000 columns 81-82 -> 88-90, 128256-262144
+#: level (79-83).
 CLUSTER_SPLIT = True
-CLUSTER_ITEMSIZES = (4,)
+CLUSTER_ITEMSIZES = (2, 4)
+
+
+def _sm_version(device: DeviceProfile) -> int:
+    """The NVIDIA compute capability as a number (sm_90a: 90); 0 for other vendors."""
+    digits = device.arch.removeprefix("sm_").rstrip("af")
+    return int(digits) if device.vendor == "nvidia" and digits.isdigit() else 0
+
+
+def has_async_copy(device: DeviceProfile) -> bool:
+    """Copies from global to shared memory that bypass registers (cp.async): NVIDIA sm_80 and newer."""
+    return _sm_version(device) >= 80
 
 
 def has_clusters(device: DeviceProfile) -> bool:
     """Thread block clusters: NVIDIA sm_90 and newer."""
-    digits = device.arch.removeprefix("sm_").rstrip("af")
-    return device.vendor == "nvidia" and digits.isdigit() and int(digits) >= 90
+    return _sm_version(device) >= 90
 
 
 def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, static_bytes: int,

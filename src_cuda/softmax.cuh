@@ -491,13 +491,34 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
   return w;
 }
 
+// f(k) for the words k of a row: in order where start < 0, else from word `start` round to
+// start - 1. Threads of a warp take rows a whole number of words apart; where that number is
+// even (a multiple of the bank count at worst), starting each thread at a different word spreads
+// their reads over the banks. One loop with a wrapping index, not two loops split at `start`:
+// every thread of the warp runs the same count, where split loops would run both one after the
+// other with part of the warp idle.
+template <typename F> PS_DEVICE void for_each_word_from(int start, int words, F&& f) {
+  if (start < 0) {
+#pragma unroll 4
+    for (int k = 0; k < words; ++k) f(k);
+    return;
+  }
+  int k = start;
+#pragma unroll 4
+  for (int i = 0; i < words; ++i) {
+    f(k);
+    k = k + 1 == words ? 0 : k + 1;
+  }
+}
+
 // A staged row of n elements in shared memory, read and written a 32-bit word at a time: 16-bit
 // rows start at any element, so they are a head value (when the row starts mid-word), whole
 // words of two values and a tail value; wider types are words of one value. Two values a word
 // halve the shared-memory accesses and conversions of the row's three passes (max, sum,
 // outputs), and the max of a pair is one instruction where the vendor has it. Loops run on
-// 32-bit indices, unrolled by 4: they are most of this tier's instructions.
-template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, bool safe) {
+// 32-bit indices, unrolled by 4: they are most of this tier's instructions. `start` is the
+// word the passes begin at, or -1 (for_each_word_from).
+template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   typedef typename compute_of<T>::type C;
   const int G = sizeof(T) == 2 ? 2 : 1;  // values a word
   typedef Vec<T, G> Word;
@@ -506,6 +527,7 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
   const int words = (n - head) / G;
   const bool tail = head + G * words < n;
   Word* word = reinterpret_cast<Word*>(row + head);
+  start = start < 0 || words == 0 ? -1 : start % words;
   // The edge values, -inf where there are none (they add nothing to (m, d)).
   const C first = head ? to_compute(row[0]) : ps_neg_inf<C>();
   const C last = tail ? to_compute(row[n - 1]) : ps_neg_inf<C>();
@@ -518,30 +540,27 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
     unsigned top_bits;
     memcpy(&top_bits, &top, 4);
     const unsigned* bits = reinterpret_cast<const unsigned*>(word);
-#pragma unroll 4
-    for (int k = 0; k < words; ++k) top_bits = PackedMax<T>::max(top_bits, bits[k]);
+    for_each_word_from(start, words, [&](int k) { top_bits = PackedMax<T>::max(top_bits, bits[k]); });
     memcpy(&top, &top_bits, 4);
     widen(top, v);
 #pragma unroll
     for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
   } else {
-#pragma unroll 4
-    for (int k = 0; k < words; ++k) {
+    for_each_word_from(start, words, [&](int k) {
       widen(read_word(word + k), v);
 #pragma unroll
       for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
-    }
+    });
   }
   C d = C(0);
   if (m != ps_neg_inf<C>()) {
     const ExpMinus<C> exp_minus(m);
     d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
-#pragma unroll 4
-    for (int k = 0; k < words; ++k) {
+    for_each_word_from(start, words, [&](int k) {
       widen(read_word(word + k), v);
 #pragma unroll
       for (int j = 0; j < G; ++j) d += exp_minus(v[j]);
-    }
+    });
   }
   MD<C> md = {m, d};
   const RowFinish<OP, T> f(md, safe);
@@ -549,14 +568,13 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
   auto write = [&](auto&& out) {
     if (head) row[0] = from_compute<T>(out(first));
     if (tail) row[n - 1] = from_compute<T>(out(last));
-#pragma unroll 4
-    for (int k = 0; k < words; ++k) {
+    for_each_word_from(start, words, [&](int k) {
       widen(read_word(word + k), v);
       Word w;
 #pragma unroll
       for (int j = 0; j < G; ++j) w.v[j] = from_compute<T>(out(v[j]));
       word[k] = w;
-    }
+    });
   };
   if (f.empty) {
     write([&](C) { return f.empty_value(); });
@@ -580,6 +598,8 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
     // A tile lies in one block's shared memory: 32-bit indices.
     const int n = static_cast<int>(cols);
+    // Rows an even number of words long start each thread at a different word (for_each_word_from).
+    const bool skew = n * static_cast<int>(sizeof(T)) % 8 == 0;
     for (int r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
       T* row = tile + r * n;
       // float-computed rows of up to 8 elements are taken into registers once: one read of
@@ -587,7 +607,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       if (sizeof(C) == 4 && n <= 8) {
         staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
       } else {
-        staged_row_in_words<OP, T>(row, n, safe != 0);
+        staged_row_in_words<OP, T>(row, n, skew ? r % 32 : -1, safe != 0);
       }
     }
     PS_SYNC();

@@ -17,7 +17,7 @@ from emulation import CompilerUnavailable, EmulatedRuntime, EmulationError, Emul
 from emulation.build import SRC_CUDA
 
 from portable_softmax import _variants as V
-from portable_softmax import reference
+from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.api import problem_for, run_host_array
 from portable_softmax.layout import describe, normalize_axis
@@ -342,6 +342,32 @@ def test_every_tier_with_copies_that_land_only_at_the_wait(async_library, rng, d
     runtime = EmulatedRuntime(async_library, 32)
     _every_tier_matches_the_reference(runtime, rng, dtype)
     _misaligned_rows_match_the_reference(runtime, rng, dtype, 1, 1)
+
+
+#: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
+#: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
+#: and rows of 514-1024 bytes; odd lengths beside them
+STAGED_WHERE_ASYNC = {"float32": (20, 36, 65, 80), "float16": (24, 64, 72, 127, 200, 300), "bfloat16": (40, 255, 383)}
+
+
+@pytest.mark.parametrize("dtype", STAGED_WHERE_ASYNC)
+def test_staged_rows_of_the_asynchronous_planner(async_library, rng, dtype, monkeypatch):
+    """The planner as it runs on NVIDIA sm_80 and newer sends these rows to the staged tier; 70
+    rows a tile, so that threads of both warps start rows at every word offset."""
+    monkeypatch.setattr(planner, "has_async_copy", lambda device: True)
+    plan.cache_clear()  # plans made for the emulated device without asynchronous copies
+    try:
+        # a block's shared memory as large as an H100's default (and a little more, for 766-byte rows)
+        runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=64 * 1024,
+                                  shared_mem_per_block_optin=64 * 1024, shared_mem_per_multiprocessor=128 * 1024)
+        for cols in STAGED_WHERE_ASYNC[dtype]:
+            x = _inputs(rng, (70, cols), dtype)
+            for op, safe in OP_CASES:
+                assert _tier(runtime, x, 1, op, safe) == "staged", (dtype, cols)
+                got = run_host_array(runtime, x, 1, op, safe)
+                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {x.shape} staged")
+    finally:
+        plan.cache_clear()
 
 
 def _every_tier_matches_the_reference(runtime, rng, dtype):

@@ -14,6 +14,7 @@ from portable_softmax.planner import (
     PlanError,
     RowProblem,
     StridedProblem,
+    has_async_copy,
     has_clusters,
     plan,
 )
@@ -92,13 +93,27 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
         assert block * 64 * 2 // 3 <= tile_rows * cols * 2, "about 64 bytes of the span a thread"
     padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
     mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
-    whole_vectors = plan(RowProblem("float16", "softmax", 1 << 20, 104), device)
-    scalar = [plan(RowProblem(dtype, "softmax", 1 << 20, cols), device) for dtype, cols in
-              (("float32", 67), ("float32", 100), ("float32", 127), ("float16", 127), ("float16", 255),
-               ("bfloat16", 511))]
-    assert all(s.tier == "warp" and s.launches[0].kernel.endswith("_v1") for s in scalar), "scalar slots"
     long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
-    assert {padded.tier, mixed.tier, whole_vectors.tier, long.tier} == {"warp"}
+    assert {padded.tier, mixed.tier, long.tier} == {"warp"}
+
+    def tier_of(dtype: str, cols: int) -> str:
+        the_plan = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
+        scalar = the_plan.tier == "warp" and the_plan.launches[0].kernel.endswith("_v1")
+        return "scalar" if scalar else the_plan.tier
+
+    # Rows that take scalar slots in the register tier where the staged tier loads through
+    # registers; where copies are asynchronous, the staged tier takes the shorter ones.
+    staged_where_async = [("float32", 67), ("float16", 127), ("float16", 255)]
+    scalar_always = [("float32", 100), ("float32", 127), ("bfloat16", 511)]
+    # rows of whole 16-byte vectors: the register tier, or staged up to 400 bytes where copies are asynchronous
+    whole_vectors = [("float16", 104), ("float32", 20), ("float16", 200)]
+    copies_async = has_async_copy(device)
+    assert {tier_of(*c) for c in staged_where_async} == {"staged" if copies_async else "scalar"}
+    assert {tier_of(*c) for c in scalar_always} == {"scalar"}
+    assert {tier_of(*c) for c in whole_vectors} == {"staged" if copies_async else "warp"}
+    assert tier_of("float16", 256) == "warp"  # 512 bytes of whole vectors
+    # 514-766 bytes: staged only where copies are asynchronous
+    assert (tier_of("float16", 300) == "staged") == copies_async
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -144,24 +159,29 @@ def test_warp_64_holds_twice_the_row_of_warp_32():
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_16_bit_lanes_hold_at_most_32_values_and_block_tier_threads_stream_8_slots(device):
+def test_16_bit_lanes_hold_a_capped_number_of_values_and_block_tier_threads_stream_8_slots(device):
     warp = device.warp_size
+    # 16 values a lane where the block tier's cache fills are asynchronous (rows on 4-byte boundaries)
+    cap = 16 if has_async_copy(device) else 32
     for cols in (1000, 1500, 2048, 3000, 4096, 8192):
         p = plan(RowProblem("bfloat16", "softmax", 4096, cols), device)
         slots = p.notes["slots"]
         if p.tier == "warp":
             kernel = p.launches[0].kernel
             lane_slots = int(kernel.split("_s")[-1].split("_")[0])
-            assert lane_slots * p.notes["vec"] <= 32, kernel
+            assert lane_slots * p.notes["vec"] <= cap, kernel
         else:
             assert p.tier == "block", (cols, p.tier)
-            assert slots > warp * 32 // p.notes["vec"]  # no register variant holds it at 32 values a lane
+            assert slots > warp * cap // p.notes["vec"]  # no register variant holds it at `cap` values a lane
             threads = p.launches[0].block
             assert threads % warp == 0 and threads == max(warp, -(-slots // 8 // warp) * warp), (cols, threads)
     # float32 lanes keep 64 values: 2048 columns stay in one 32-lane warp's registers
     if warp == 32:
         assert plan(RowProblem("float32", "softmax", 4096, 2048), device).tier == "warp"
         assert plan(RowProblem("bfloat16", "softmax", 4096, 2048), device).tier == "block"
+    # rows of an odd number of 16-bit values keep 32 values a lane everywhere
+    assert plan(RowProblem("float16", "softmax", 4096, 513), device).tier == "warp"
+    assert (plan(RowProblem("float16", "softmax", 4096, 600), device).tier == "block") == (cap == 16 and warp == 32)
 
 
 def test_misaligned_input_and_output_fall_back_to_scalar_slots():
