@@ -274,11 +274,12 @@ STAGED_SHORT_ROW_BYTES = 256
 #: 201 and 255 columns 84-91 -> 94-100% of the copy; float32 65-75 columns 91-96 -> 100-101, but
 #: 96-127 columns 1-4 points slower staged.
 STAGED_BEFORE_SCALAR_COLS = {2: 512, 4: 80}
-#: where copies are asynchronous: rows of whole 16-byte vectors up to this many bytes are staged
-#: too. Measured on an H100 (threads starting rows at different words, for_each_word_from):
+#: where copies are asynchronous: rows of whole 16-byte vectors of this many bytes (from, to) are
+#: staged too. Measured on an H100 (threads starting rows at different words, for_each_word_from):
 #: 16-bit 24-200 columns 65-96 -> 94-101% of the copy, float32 20-68 columns 92-101 -> 99-102;
-#: rows of 384 bytes level or 4 points slower in float32, 512 bytes (16-bit 256) 95 -> 87-91.
-STAGED_WHOLE_VECTORS_MAX_BYTES = 400
+#: rows of 384 bytes level or 4 points slower in float32, 512 bytes (16-bit 256) 95 -> 87-91, and
+#: 32 bytes (float32 8 columns) 99 -> 93-94.
+STAGED_WHOLE_VECTOR_BYTES = (48, 400)
 
 
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
@@ -295,7 +296,8 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     ahead_of_scalar = copies_async and p.cols <= STAGED_BEFORE_SCALAR_COLS.get(itemsize, 0)
     if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
             or (scalar_rows(p, device.warp_size) and not ahead_of_scalar)
-            or (row_bytes % 16 == 0 and not (copies_async and row_bytes <= STAGED_WHOLE_VECTORS_MAX_BYTES))
+            or (row_bytes % 16 == 0
+                and not (copies_async and STAGED_WHOLE_VECTOR_BYTES[0] <= row_bytes <= STAGED_WHOLE_VECTOR_BYTES[1]))
             or p.cols < STAGED_MIN_COLS
             or row_bytes > (STAGED_MAX_ROW_BYTES_ASYNC if copies_async else STAGED_MAX_ROW_BYTES)):
         return None
