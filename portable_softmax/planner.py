@@ -263,11 +263,10 @@ STAGED_MAX_ROW_BYTES = 512
 STAGED_MAX_ROW_BYTES_ASYNC = 1024
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
-#: threads of a staged block: rows of up to half STAGED_MAX_ROW_BYTES, and longer ones (at most
-#: the kernel's launch bound, V.LAUNCH_BOUND_THREADS; 64 or 256 measured level or slower on an H100)
+#: threads of a staged block: rows of up to STAGED_SHORT_ROW_BYTES, and longer ones (at most the
+#: kernel's launch bound, V.LAUNCH_BOUND_THREADS; 64 or 256 measured level or slower on an H100)
 STAGED_THREADS = 128
 STAGED_THREADS_LONG_ROWS = 64
-#: rows longer than this many bytes take STAGED_THREADS_LONG_ROWS
 STAGED_SHORT_ROW_BYTES = 256
 #: where copies are asynchronous: rows of up to this many columns, by element size, that the
 #: staged tier takes ahead of the register tier's scalar slots. Measured on an H100: 16-bit 127,
@@ -294,12 +293,13 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     vec = V.vector_widths(p.dtype)[1]
     copies_async = has_async_copy(device)
     ahead_of_scalar = copies_async and p.cols <= STAGED_BEFORE_SCALAR_COLS.get(itemsize, 0)
+    lo, hi = STAGED_WHOLE_VECTOR_BYTES
+    whole_vectors_staged = copies_async and lo <= row_bytes <= hi
+    max_row_bytes = STAGED_MAX_ROW_BYTES_ASYNC if copies_async else STAGED_MAX_ROW_BYTES
     if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
             or (scalar_rows(p, device.warp_size) and not ahead_of_scalar)
-            or (row_bytes % 16 == 0
-                and not (copies_async and STAGED_WHOLE_VECTOR_BYTES[0] <= row_bytes <= STAGED_WHOLE_VECTOR_BYTES[1]))
-            or p.cols < STAGED_MIN_COLS
-            or row_bytes > (STAGED_MAX_ROW_BYTES_ASYNC if copies_async else STAGED_MAX_ROW_BYTES)):
+            or (row_bytes % 16 == 0 and not whole_vectors_staged)
+            or p.cols < STAGED_MIN_COLS or row_bytes > max_row_bytes):
         return None
     short = row_bytes <= STAGED_SHORT_ROW_BYTES
     threads = max(device.warp_size, STAGED_THREADS if short else STAGED_THREADS_LONG_ROWS)

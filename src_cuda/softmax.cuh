@@ -491,6 +491,9 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
   return w;
 }
 
+// 32-bit banks of shared memory (NVIDIA, and AMD's LDS)
+const int kSharedBanks = 32;
+
 // f(k) for the words k of a row: in order where start < 0, else from word `start` round to
 // start - 1. Threads of a warp take rows a whole number of words apart; where that number is
 // even (a multiple of the bank count at worst), starting each thread at a different word spreads
@@ -607,7 +610,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       if (sizeof(C) == 4 && n <= 8) {
         staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
       } else {
-        staged_row_in_words<OP, T>(row, n, skew ? r % 32 : -1, safe != 0);
+        staged_row_in_words<OP, T>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
       }
     }
     PS_SYNC();
