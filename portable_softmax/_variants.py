@@ -138,13 +138,18 @@ def staged_name(dtype: str, op: str) -> str:
     return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
 
 
+def staged_warp_name(dtype: str, op: str, warp: int) -> str:
+    """The staged tier with a warp a row: its lanes share the row's words and merge by shuffles."""
+    return f"ps_staged_warp_{DTYPES[dtype][0]}_{op}_w{warp}_v{vector_widths(dtype)[1]}"
+
+
 #: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
 #: by bytes per element. Measured on an H100 against the register and staged tiers for every
 #: length from 1 to 8: the packed tier wins for 16-bit rows of 1, 2, 3 and 6 elements (1: 61 ->
 #: 90% of the copy once its 16-byte stores stay whole, 2: 82-88 -> 90-91, 3: +6-14, 6: +25), is
 #: level at 4 (softmax 5 points slower, log_softmax 5 faster) and loses at 5 and 7 (a thread's
 #: group spans 5 or 7 vectors: 68-69 -> 47-58) and where the register tier has whole vectors.
-PACKED_COLS = {2: (1, 2, 3, 6)}
+PACKED_COLS = {2: (1, 2, 3)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:
@@ -173,7 +178,7 @@ def entry_names(dtype: str, warp: int) -> list[str]:
             names += [v.name for v in warp_variants(dtype, op, warp, vec)]
             names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
                       split_cached_name(dtype, op, warp, vec)]
-    return names
+    return names + [staged_warp_name(dtype, op, warp) for op in OPS]
 
 
 def _entry_lines(dtype: str, warp: int) -> list[str]:
@@ -187,6 +192,8 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
             lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_SPLIT_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
+    for op, enum in OPS.items():
+        lines.append(f"PS_STAGED_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vector_widths(dtype)[1]})")
     return lines
 
 

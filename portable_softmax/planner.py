@@ -258,9 +258,9 @@ def _warp_variant(p: RowProblem, device: DeviceProfile, vec: int, slots: int) ->
 STAGED_MIN_COLS = 5
 STAGED_MAX_ROW_BYTES = 512
 #: the same where copies are asynchronous (the staged tier fills its span with cp.async). Measured
-#: on an H100: 16-bit rows of 257-383 columns 53-71 -> 83-95% of the copy; longer rows do not fit a
-#: 64-thread tile in a block's default shared memory and stay in the register tier.
-STAGED_MAX_ROW_BYTES_ASYNC = 1024
+#: on an H100: 16-bit rows of 257 columns 53 -> 95% of the copy, 270 columns 95-96 (91 with a warp
+#: a row); longer rows go to the staged tier with a warp a row (STAGED_WARP_ROW_BYTES).
+STAGED_MAX_ROW_BYTES_ASYNC = 576
 #: bytes of the span a thread of the staged tier moves per step
 STAGED_BYTES_PER_THREAD = 64
 #: threads of a staged block: rows of up to STAGED_SHORT_ROW_BYTES, and longer ones (at most the
@@ -313,6 +313,46 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
                     shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
                              (I32, _safe(p))), cut_to_one_wave=False)
     return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
+
+
+#: where copies are asynchronous: contiguous rows of this many bytes (from, to) and element sizes
+#: take the staged tier with a warp a row (staged_warp_name): the block reads a span of whole rows
+#: with aligned vectors, each warp takes rows from shared memory, its lanes a word apart, and
+#: merges their (m, d) by shuffles. Rows the staged tier takes a thread a row (up to
+#: STAGED_MAX_ROW_BYTES_ASYNC) stay there. Measured on an H100 (% of the copy, against the tiers
+#: these rows took before): 16-bit rows of 300-383 columns (a thread a staged row) 81-91 -> 96-99,
+#: 400-1001 columns (register and block tiers; odd lengths the slowest) 67-88 -> 97-101, 1300-4000
+#: columns 95-99 -> 100-101, but 4096 columns (8 KiB) 99 -> 98; a thread a row ahead at 270
+#: columns (95 against 91); float32 rows of 145-2048 columns within a point either way.
+STAGED_WARP_ROW_BYTES = (514, 8000)
+STAGED_WARP_ITEMSIZES = (2,)
+#: bytes of the span a thread of the warp-a-row staged tier moves per step. Measured on an H100:
+#: 16-bit 1001 columns at 64 bytes (a row a warp) 91-96%, at 128 bytes 100 (777 and 900 columns
+#: 1-2 points slower); 32 bytes 2-24 points slower.
+STAGED_WARP_BYTES_PER_THREAD = 128
+
+
+def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
+    """Contiguous rows staged through shared memory a warp a row (see STAGED_WARP_ROW_BYTES), or None."""
+    itemsize = V.DTYPES[p.dtype][2]
+    row_bytes = p.cols * itemsize
+    vec = V.vector_widths(p.dtype)[1]
+    lo, hi = STAGED_WARP_ROW_BYTES
+    if (not has_async_copy(device) or p.rows < 2 or not lo <= row_bytes <= hi or itemsize not in STAGED_WARP_ITEMSIZES
+            or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0):
+        return None
+    threads = max(device.warp_size, STAGED_THREADS)
+    warps = threads // device.warp_size
+    fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes // warps * warps
+    wanted = ceil(max(1, round(threads * STAGED_WARP_BYTES_PER_THREAD / row_bytes)) / warps) * warps
+    tile_rows = min(p.rows, wanted, fitting)
+    if tile_rows == 0:
+        return None
+    shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
+    launch = Launch(V.staged_warp_name(p.dtype, p.op, device.warp_size), _work_grid(ceil(p.rows / tile_rows), device),
+                    threads, shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
+                                      (I32, _safe(p))), cut_to_one_wave=False)
+    return Plan("staged_warp", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
 
 
 #: threads per block of the packed tier (its launch bound is 256)
@@ -398,7 +438,7 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    for tier in (_plan_packed, _plan_staged):
+    for tier in (_plan_packed, _plan_staged, _plan_staged_warp):
         the_plan = tier(p, device)
         if the_plan is not None:
             return the_plan

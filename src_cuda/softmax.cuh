@@ -494,16 +494,18 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
 // 32-bit banks of shared memory (NVIDIA, and AMD's LDS)
 const int kSharedBanks = 32;
 
-// f(k) for the words k of a row: in order where start < 0, else from word `start` round to
-// start - 1. Threads of a warp take rows a whole number of words apart; where that number is
-// even (a multiple of the bank count at worst), starting each thread at a different word spreads
-// their reads over the banks. One loop with a wrapping index, not two loops split at `start`:
-// every thread of the warp runs the same count, where split loops would run both one after the
-// other with part of the warp idle.
-template <typename F> PS_DEVICE void for_each_word_from(int start, int words, F&& f) {
-  if (start < 0) {
+// f(k) for the words k of a row that this thread takes: with LANES > 1, lanes of a group take
+// every LANES-th word (neighbouring lanes, neighbouring banks); with one thread a row, in order
+// where start < 0, else from word `start` round to start - 1. Threads of a warp take rows a whole
+// number of words apart; where that number is even (a multiple of the bank count at worst),
+// starting each thread at a different word spreads their reads over the banks. One loop with a
+// wrapping index, not two loops split at `start`: every thread of the warp runs the same count,
+// where split loops would run both one after the other with part of the warp idle.
+template <int LANES, typename F> PS_DEVICE void for_each_word_from(int start, int words, F&& f) {
+  if (LANES > 1 || start < 0) {
+    const int lane = LANES > 1 ? static_cast<int>(PS_THREAD_X % LANES) : 0;
 #pragma unroll 4
-    for (int k = 0; k < words; ++k) f(k);
+    for (int k = lane; k < words; k += LANES) f(k);
     return;
   }
   int k = start;
@@ -520,8 +522,10 @@ template <typename F> PS_DEVICE void for_each_word_from(int start, int words, F&
 // halve the shared-memory accesses and conversions of the row's three passes (max, sum,
 // outputs), and the max of a pair is one instruction where the vendor has it. Loops run on
 // 32-bit indices, unrolled by 4: they are most of this tier's instructions. `start` is the
-// word the passes begin at, or -1 (for_each_word_from).
-template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
+// word the passes begin at, or -1 (for_each_word_from). LANES consecutive lanes share a row
+// (LANES = 1: a thread a row): each takes every LANES-th word, and shuffles merge their (m, d).
+template <int OP, typename T, int LANES>
+PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   typedef typename compute_of<T>::type C;
   const int G = sizeof(T) == 2 ? 2 : 1;  // values a word
   typedef Vec<T, G> Word;
@@ -531,6 +535,7 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
   const bool tail = head + G * words < n;
   Word* word = reinterpret_cast<Word*>(row + head);
   start = start < 0 || words == 0 ? -1 : start % words;
+  const bool leader = LANES == 1 || PS_THREAD_X % LANES == 0;  // takes the edge values
   // The edge values, -inf where there are none (they add nothing to (m, d)).
   const C first = head ? to_compute(row[0]) : ps_neg_inf<C>();
   const C last = tail ? to_compute(row[n - 1]) : ps_neg_inf<C>();
@@ -543,35 +548,37 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
     unsigned top_bits;
     memcpy(&top_bits, &top, 4);
     const unsigned* bits = reinterpret_cast<const unsigned*>(word);
-    for_each_word_from(start, words, [&](int k) { top_bits = PackedMax<T>::max(top_bits, bits[k]); });
+    for_each_word_from<LANES>(start, words, [&](int k) { top_bits = PackedMax<T>::max(top_bits, bits[k]); });
     memcpy(&top, &top_bits, 4);
     widen(top, v);
 #pragma unroll
     for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
   } else {
-    for_each_word_from(start, words, [&](int k) {
+    for_each_word_from<LANES>(start, words, [&](int k) {
       widen(read_word(word + k), v);
 #pragma unroll
       for (int j = 0; j < G; ++j) m = ps_max_nan(m, v[j]);
     });
   }
+  m = max_over_lanes<LANES>(m);
   C d = C(0);
-  if (m != ps_neg_inf<C>()) {
+  if (m != ps_neg_inf<C>()) {  // the same in every lane of the row
     const ExpMinus<C> exp_minus(m);
-    d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
-    for_each_word_from(start, words, [&](int k) {
+    if (leader) d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
+    for_each_word_from<LANES>(start, words, [&](int k) {
       widen(read_word(word + k), v);
 #pragma unroll
       for (int j = 0; j < G; ++j) d += exp_minus(v[j]);
     });
+    d = sum_over_lanes<LANES>(d);
   }
   MD<C> md = {m, d};
   const RowFinish<OP, T> f(md, safe);
   // The row's outputs, the emptiness test outside the loop.
   auto write = [&](auto&& out) {
-    if (head) row[0] = from_compute<T>(out(first));
-    if (tail) row[n - 1] = from_compute<T>(out(last));
-    for_each_word_from(start, words, [&](int k) {
+    if (head && leader) row[0] = from_compute<T>(out(first));
+    if (tail && leader) row[n - 1] = from_compute<T>(out(last));
+    for_each_word_from<LANES>(start, words, [&](int k) {
       widen(read_word(word + k), v);
       Word w;
 #pragma unroll
@@ -588,9 +595,10 @@ template <int OP, typename T> PS_DEVICE void staged_row_in_words(T* row, int n, 
 
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
-// with aligned vectors into shared memory, a thread takes each row from there (max, then
-// sum of exps) and writes its outputs back, and the block stores the span with vectors.
-template <typename T, int OP, int VEC>
+// with aligned vectors into shared memory, a thread (LANES = 1) or a group of LANES lanes takes
+// each row from there (max, then sum of exps) and writes its outputs back, and the block stores
+// the span with vectors.
+template <typename T, int OP, int VEC, int LANES>
 PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache) {
   typedef typename compute_of<T>::type C;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
@@ -602,15 +610,16 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     // A tile lies in one block's shared memory: 32-bit indices.
     const int n = static_cast<int>(cols);
     // Rows an even number of words long start each thread at a different word (for_each_word_from).
-    const bool skew = n * static_cast<int>(sizeof(T)) % 8 == 0;
-    for (int r = PS_THREAD_X; r < count; r += PS_BLOCK_DIM_X) {
+    const bool skew = LANES == 1 && n * static_cast<int>(sizeof(T)) % 8 == 0;
+    // r is the same in every lane of a group: the group's shuffles see all of its lanes.
+    for (int r = PS_THREAD_X / LANES; r < count; r += PS_BLOCK_DIM_X / LANES) {
       T* row = tile + r * n;
       // float-computed rows of up to 8 elements are taken into registers once: one read of
       // shared memory and one exp an element instead of three reads and two. n is the block's.
-      if (sizeof(C) == 4 && n <= 8) {
+      if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
         staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
       } else {
-        staged_row_in_words<OP, T>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
+        staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
       }
     }
     PS_SYNC();
@@ -1040,9 +1049,19 @@ template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) ==
   ps_staged_##DT##_##OPN##_v##V(                                                                     \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::staged_rows<T, OP, V, 1>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)
+
+// The staged tier with a warp a row (longer rows: the lanes share a row's words).
+#define PS_STAGED_WARP_ENTRY(DT, T, OPN, OP, W, V)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \
+  ps_staged_warp_##DT##_##OPN##_w##W##_v##V(                                                         \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::staged_rows<T, OP, V, W>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_packed_##DT##_##OPN##_c##C##_v##V(                          \

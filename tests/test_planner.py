@@ -10,6 +10,7 @@ from portable_softmax import _variants as V
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
     CLUSTER_ITEMSIZES,
+    STAGED_WARP_ITEMSIZES,
     DeviceProfile,
     PlanError,
     RowProblem,
@@ -48,10 +49,12 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert 0 < launch.grid <= device.max_grid_x
             static = 2 * (1024 // device.warp_size) * 8
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
-        if p.tier == "staged":  # a step's span of rows fits the shared memory it asks for
+        if p.tier in ("staged", "staged_warp"):  # a step's span of rows fits the shared memory it asks for
             (launch,) = p.launches
             tile_rows = p.notes["tile_rows"]
-            assert tile_rows >= min(rows, launch.block), "every thread owns a row"
+            owners = launch.block // (device.warp_size if p.tier == "staged_warp" else 1)
+            assert tile_rows >= min(rows, owners), "every thread (or warp) owns a row"
+            assert tile_rows == rows or tile_rows % owners == 0, "every thread (or warp) takes whole rows"
             assert launch.shared_mem >= tile_rows * cols * V.DTYPES[dtype][2] + misalign * V.DTYPES[dtype][2]
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
@@ -73,6 +76,8 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
     expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
+    if has_async_copy(device) and V.DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
+        expected.add("staged_warp")
     clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
     assert tiers == expected | ({"cluster"} if clusters else set())
 
@@ -104,7 +109,7 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
     # Rows that take scalar slots in the register tier where the staged tier loads through
     # registers; where copies are asynchronous, the staged tier takes the shorter ones.
     staged_where_async = [("float32", 67), ("float16", 127), ("float16", 255)]
-    scalar_always = [("float32", 100), ("float32", 127), ("bfloat16", 511)]
+    scalar_always = [("float32", 100), ("float32", 127)]
     # rows of whole 16-byte vectors: the register tier, or staged up to 400 bytes where copies are asynchronous
     whole_vectors = [("float16", 104), ("float32", 20), ("float16", 200)]
     copies_async = has_async_copy(device)
@@ -112,8 +117,12 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
     assert {tier_of(*c) for c in scalar_always} == {"scalar"}
     assert {tier_of(*c) for c in whole_vectors} == {"staged" if copies_async else "warp"}
     assert tier_of("float16", 256) == "warp"  # 512 bytes of whole vectors
-    # 514-766 bytes: staged only where copies are asynchronous
-    assert (tier_of("float16", 300) == "staged") == copies_async
+    # 514-576 bytes: staged only where copies are asynchronous; longer rows a warp a row
+    assert (tier_of("float16", 270) == "staged") == copies_async
+    for dtype, cols in (("float16", 288), ("float16", 300), ("bfloat16", 511), ("bfloat16", 601), ("float16", 4000)):
+        assert (tier_of(dtype, cols) == "staged_warp") == copies_async, (dtype, cols)
+    assert tier_of("float32", 1000) != "staged_warp" and tier_of("float64", 300) != "staged_warp"
+    assert tier_of("float16", 4096) == "block"  # 8 KiB
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -161,10 +170,16 @@ def test_warp_64_holds_twice_the_row_of_warp_32():
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_16_bit_lanes_hold_a_capped_number_of_values_and_block_tier_threads_stream_8_slots(device):
     warp = device.warp_size
+
+    def rows_apart(dtype: str, cols: int) -> RowProblem:
+        # Rows 128 bytes apart (each starting as aligned as a contiguous row would) are not one
+        # span, so the staged tiers leave them to the register and block tiers.
+        return RowProblem(dtype, "softmax", 4096, cols, x_stride=cols + 64, y_stride=cols + 64)
+
     # 16 values a lane where the block tier's cache fills are asynchronous (rows on 4-byte boundaries)
     cap = 16 if has_async_copy(device) else 32
     for cols in (1000, 1500, 2048, 3000, 4096, 8192):
-        p = plan(RowProblem("bfloat16", "softmax", 4096, cols), device)
+        p = plan(rows_apart("bfloat16", cols), device)
         slots = p.notes["slots"]
         if p.tier == "warp":
             kernel = p.launches[0].kernel
@@ -177,11 +192,11 @@ def test_16_bit_lanes_hold_a_capped_number_of_values_and_block_tier_threads_stre
             assert threads % warp == 0 and threads == max(warp, -(-slots // 8 // warp) * warp), (cols, threads)
     # float32 lanes keep 64 values: 2048 columns stay in one 32-lane warp's registers
     if warp == 32:
-        assert plan(RowProblem("float32", "softmax", 4096, 2048), device).tier == "warp"
-        assert plan(RowProblem("bfloat16", "softmax", 4096, 2048), device).tier == "block"
+        assert plan(rows_apart("float32", 2048), device).tier == "warp"
+        assert plan(rows_apart("bfloat16", 2048), device).tier == "block"
     # rows of an odd number of 16-bit values keep 32 values a lane everywhere
-    assert plan(RowProblem("float16", "softmax", 4096, 513), device).tier == "warp"
-    assert (plan(RowProblem("float16", "softmax", 4096, 600), device).tier == "block") == (cap == 16 and warp == 32)
+    assert plan(rows_apart("float16", 513), device).tier == "warp"
+    assert (plan(rows_apart("float16", 600), device).tier == "block") == (cap == 16 and warp == 32)
 
 
 def test_misaligned_input_and_output_fall_back_to_scalar_slots():

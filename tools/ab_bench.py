@@ -2,10 +2,11 @@
 
     python3 tools/ab_bench.py VARIANTS SPECS [--reps N]
 
-VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes; an
-empty list keeps the committed planner), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one
-line per (spec, op): each variant's % of the device-to-device copy, torch's, and the largest
-error against torch in float64 (every variant is checked, so a fast wrong kernel shows).
+VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes, or
+V.NAME for the variant catalogue's; an empty list keeps the committed planner), SPECS a
+','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each variant's % of the
+device-to-device copy, torch's, and the largest error against torch in float64 (every variant is
+checked, so a fast wrong kernel shows).
 """
 
 from __future__ import annotations
@@ -40,16 +41,22 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         settings = {}
         for knob in filter(None, split_top_level(knobs)):
             key, _, value = knob.partition(":")
-            if not hasattr(planner, key):
+            if not hasattr(*owner_of(key)):
                 raise SystemExit(f"planner has no knob {key!r}")
             settings[key] = ast.literal_eval(value)
         variants.append((name, settings))
     return variants
 
 
+def owner_of(key: str) -> tuple[object, str]:
+    """The module a knob lives in and its name there: planner attributes, or V.NAME for the
+    variant catalogue the planner reads (planner.V)."""
+    return (planner.V, key[2:]) if key.startswith("V.") else (planner, key)
+
+
 def use(settings: dict, defaults: dict) -> None:
     for key, value in {**defaults, **settings}.items():
-        setattr(planner, key, value)
+        setattr(*owner_of(key), value)
     planner.plan.cache_clear()
 
 
@@ -61,7 +68,7 @@ def main() -> None:
     ap.add_argument("--ops", default="softmax,log_softmax")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
-    defaults = {key: getattr(planner, key) for _, s in variants for key in s}
+    defaults = {key: getattr(*owner_of(key)) for _, s in variants for key in s}
     timer = _Timer(torch, args.reps)
     copies = device_copies(torch)
     print("spec op " + " ".join(name for name, _ in variants) + " torch | copyGB/s | max err of each")
