@@ -879,7 +879,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   typedef typename compute_of<T>::type C;
   PS_SHARED C part_m[kStridedCachedThreads * VEC];  // (m, d) of each thread's positions
   PS_SHARED C part_d[kStridedCachedThreads * VEC];
-  const int kDepth = VEC >= 8 ? 2 : 8 / VEC;  // rows in flight per thread before their use
+  const int kDepth = VEC == 1 ? 8 : 4;  // rows in flight per thread before their use: 8 values or 4 vectors
   const int tx = PS_THREAD_X % inner_tile;
   const int ty = PS_THREAD_X / inner_tile;
   const int groups = PS_BLOCK_DIM_X / inner_tile;
