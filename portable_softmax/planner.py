@@ -275,10 +275,10 @@ STAGED_SHORT_ROW_BYTES = 256
 STAGED_BEFORE_SCALAR_COLS = {2: 512, 4: 80}
 #: where copies are asynchronous: rows of whole 16-byte vectors of this many bytes (from, to) are
 #: staged too. Measured on an H100 (threads starting rows at different words, for_each_word_from):
-#: 16-bit 24-200 columns 65-96 -> 94-101% of the copy, float32 20-68 columns 92-101 -> 99-102;
-#: rows of 384 bytes level or 4 points slower in float32, 512 bytes (16-bit 256) 95 -> 87-91, and
-#: 32 bytes (float32 8 columns) 99 -> 93-94.
-STAGED_WHOLE_VECTOR_BYTES = (48, 400)
+#: 16-bit 24-200 columns 65-96 -> 94-101% of the copy, float32 20-68 columns 92-101 -> 99-102,
+#: 16-bit 208-232 columns 87-91 -> 93-96 (240-248 level); rows of 384 bytes level or 4 points
+#: slower in float32, 512 bytes (16-bit 256) 95 -> 87-92, and 32 bytes (float32 8 columns) 99 -> 93-94.
+STAGED_WHOLE_VECTOR_BYTES = (48, 496)
 
 
 def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:

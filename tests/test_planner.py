@@ -110,8 +110,8 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
     # registers; where copies are asynchronous, the staged tier takes the shorter ones.
     staged_where_async = [("float32", 67), ("float16", 127), ("float16", 255)]
     scalar_always = [("float32", 100), ("float32", 127)]
-    # rows of whole 16-byte vectors: the register tier, or staged up to 400 bytes where copies are asynchronous
-    whole_vectors = [("float16", 104), ("float32", 20), ("float16", 200)]
+    # rows of whole 16-byte vectors: the register tier, or staged up to 496 bytes where copies are asynchronous
+    whole_vectors = [("float16", 104), ("float32", 20), ("float16", 200), ("bfloat16", 248)]
     copies_async = has_async_copy(device)
     assert {tier_of(*c) for c in staged_where_async} == {"staged" if copies_async else "scalar"}
     assert {tier_of(*c) for c in scalar_always} == {"scalar"}
