@@ -938,28 +938,46 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   if ((i64)PS_BLOCK_X / chunks >= tiles_per_round) return;  // the grid's remainder: idle blocks
   const i64 c_begin = chunk * chunk_cols;
   const i64 c_end = c_begin + chunk_cols < cols ? c_begin + chunk_cols : cols;
-  for (i64 tile = PS_BLOCK_X / chunks; tile < outer * tiles_per_outer; tile += tiles_per_round) {
+  const i64 tiles = outer * tiles_per_outer;
+  // A vector of -inf: positions past `inner`, which add nothing to (m, d).
+  auto empty = [] {
+    Vec<T, VEC> v;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] = from_compute<T>(ps_neg_inf<C>());
+    return v;
+  };
+  // The first position of this thread in a tile (inner positions past `inner` read as empty).
+  auto first_position = [&](i64 t) { return (t % tiles_per_outer) * width + (i64)tx * VEC; };
+  // This tile's rows were copied to the cache by the previous tile's stores (only where copies
+  // are asynchronous: elsewhere the loops below keep no branch for it).
+  bool issued = false;
+  for (i64 tile = PS_BLOCK_X / chunks; tile < tiles; tile += tiles_per_round) {
+    const bool from_cache = kAsyncSlots<T, VEC> && issued;
     const i64 o = tile / tiles_per_outer;
-    const i64 i = (tile % tiles_per_outer) * width + (i64)tx * VEC;  // this thread's first position
+    const i64 i = first_position(tile);
     const bool active = i < inner;  // all VEC positions or none (inner is a multiple of VEC)
     const T* xl = x + o * xs_outer + i * xs_inner;
     OnlineSum<C> acc[VEC];
+#if PS_ASYNC_COPY
+    if (from_cache) async_copy_wait_all();
+#endif
     for (i64 c0 = c_begin + ty; c0 < c_end; c0 += kDepth * groups) {
       Vec<T, VEC> raw[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
         const i64 c = c0 + u * groups;
-        if (active && c < c_end) {
+        if (from_cache && c < c_end) {
+          raw[u] = cache[(c - c_begin) * inner_tile + tx];
+        } else if (active && c < c_end) {
           raw[u] = *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col);
         } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) raw[u].v[j] = from_compute<T>(ps_neg_inf<C>());
+          raw[u] = empty();
         }
       }
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
         const i64 c = c0 + u * groups;
-        if (c < c_end) cache[(c - c_begin) * inner_tile + tx] = raw[u];
+        if (!from_cache && c < c_end) cache[(c - c_begin) * inner_tile + tx] = raw[u];
       }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -1005,22 +1023,43 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       part_d[q] = total.d;
     }
     PS_SYNC();
-    if (active) {
-      RowFinish<OP, T> finish[VEC];
+    // The outputs; where copies are asynchronous, each row's place in the cache is refilled with
+    // the same row of the block's next tile once its output is stored, so that the next tile's
+    // loads are in flight while these stores drain (a thread refills only what it read).
+    const i64 next_tile = tile + tiles_per_round;
+    const bool prefetch = kAsyncSlots<T, VEC> && next_tile < tiles;
+    const i64 next_i = first_position(next_tile);
+    const bool next_active = next_i < inner;
+    const T* next_xl = x + (next_tile / tiles_per_outer) * xs_outer + next_i * xs_inner;
+    RowFinish<OP, T> finish[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const MD<C> total = {part_m[tx * VEC + j], part_d[tx * VEC + j]};
-        finish[j] = RowFinish<OP, T>(total, safe != 0);
-      }
-      T* yl = y + o * ys_outer + i * ys_inner;
+    for (int j = 0; j < VEC; ++j) {
+      const MD<C> total = {part_m[tx * VEC + j], part_d[tx * VEC + j]};
+      finish[j] = RowFinish<OP, T>(total, safe != 0);
+    }
+    T* yl = y + o * ys_outer + i * ys_inner;
+    if (active || prefetch) {
       for (i64 c = c_begin + ty; c < c_end; c += groups) {
-        const Vec<T, VEC> raw = cache[(c - c_begin) * inner_tile + tx];
-        Vec<T, VEC> out;
+        Vec<T, VEC>* at = &cache[(c - c_begin) * inner_tile + tx];
+        if (active) {
+          const Vec<T, VEC> raw = *at;
+          Vec<T, VEC> out;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(raw.v[j])));
-        *reinterpret_cast<Vec<T, VEC>*>(yl + c * ys_col) = out;
+          for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(raw.v[j])));
+          *reinterpret_cast<Vec<T, VEC>*>(yl + c * ys_col) = out;
+        }
+#if PS_ASYNC_COPY
+        if constexpr (kAsyncSlots<T, VEC>) {
+          if (prefetch && next_active) {
+            async_copy<sizeof(Vec<T, VEC>)>(at, next_xl + c * xs_col);
+          } else if (prefetch) {
+            *at = empty();
+          }
+        }
+#endif
       }
     }
+    issued = prefetch;
     PS_SYNC();  // the next tile reuses the scratch
   }
 }
@@ -1036,6 +1075,13 @@ const int kStagedThreads = 128, kStagedMinBlocks = 9;
 const int kCachedThreads = 256, kCachedMinBlocks = 5;
 // float64 kernels need their registers (they spilled under these bounds): one block.
 template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
+// The on-chip strided tier's float32 variants that refill their cache asynchronously need a cap of
+// 64 registers a thread to keep the planner's 4 blocks a multiprocessor (STRIDED_CHUNKS_PER_SM;
+// they took 78 without it); the others compile as before, with no minimum (0), which a cap would
+// change (the 16-bit scalar variant's code grew, 3-4 points of the copy slower on an H100).
+template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
+  return kAsyncSlots<T, VEC> && sizeof(T) == 4 ? 4 : 0;
+}
 
 }  // namespace ps
 
@@ -1119,7 +1165,8 @@ template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) ==
   PS_EXPORT_KERNEL(ps_packed_##DT##_##OPN##_c##C##_v##V)
 
 #define PS_STRIDED_CACHED_ENTRY(DT, T, OPN, OP, V)                                                   \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedCachedThreads) ps_strided_cached_##DT##_##OPN##_v##V(   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStridedCachedThreads, (ps::strided_cached_min_blocks<T, V>())) \
+  ps_strided_cached_##DT##_##OPN##_v##V(                                                           \
       const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 outer, ps::i64 cols, \
       ps::i64 inner, ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi,   \
       int inner_tile, ps::i64 chunk_cols, ps::i64 chunks, int safe) {                                \
