@@ -296,23 +296,39 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     lo, hi = STAGED_WHOLE_VECTOR_BYTES
     whole_vectors_staged = copies_async and lo <= row_bytes <= hi
     max_row_bytes = STAGED_MAX_ROW_BYTES_ASYNC if copies_async else STAGED_MAX_ROW_BYTES
-    if (p.rows < 2 or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0
-            or (scalar_rows(p, device.warp_size) and not ahead_of_scalar)
+    if (not _one_span(p, vec) or (scalar_rows(p, device.warp_size) and not ahead_of_scalar)
             or (row_bytes % 16 == 0 and not whole_vectors_staged)
             or p.cols < STAGED_MIN_COLS or row_bytes > max_row_bytes):
         return None
     short = row_bytes <= STAGED_SHORT_ROW_BYTES
     threads = max(device.warp_size, STAGED_THREADS if short else STAGED_THREADS_LONG_ROWS)
     rounds = max(1, round(STAGED_BYTES_PER_THREAD / row_bytes))  # rows a thread takes per step
-    fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes  # the tile within one block's limit
-    tile_rows = min(p.rows, threads * rounds, fitting // threads * threads)
+    tile_rows = min(p.rows, threads * rounds, _rows_fitting(p, device, vec) // threads * threads)
+    return _staged_plan(p, device, "staged", V.staged_name(p.dtype, p.op), threads, tile_rows, vec)
+
+
+def _one_span(p: RowProblem, vec: int) -> bool:
+    """Whether the rows are one contiguous span in input and output, with the same misalignment
+    (what the staged tiers read and write with aligned vectors)."""
+    return p.rows >= 2 and p.strides() == (p.cols, p.cols) and (p.x_misalign - p.y_misalign) % vec == 0
+
+
+def _rows_fitting(p: RowProblem, device: DeviceProfile, vec: int) -> int:
+    """Rows of a staged tile within one block's default shared memory (and the span's partial vectors)."""
+    itemsize = V.DTYPES[p.dtype][2]
+    return (device.shared_mem_per_block - 2 * vec * itemsize) // (p.cols * itemsize)
+
+
+def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
+                 vec: int) -> Plan | None:
+    """The launch of a staged tier taking tile_rows rows a step (None where none fit)."""
     if tile_rows == 0:
         return None
-    shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
-    launch = Launch(V.staged_name(p.dtype, p.op), _work_grid(ceil(p.rows / tile_rows), device), threads,
-                    shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
-                             (I32, _safe(p))), cut_to_one_wave=False)
-    return Plan("staged", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
+    shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * V.DTYPES[p.dtype][2]
+    launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
+                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, _safe(p))),
+                    cut_to_one_wave=False)
+    return Plan(tier, (launch,), notes={"vec": vec, "tile_rows": tile_rows})
 
 
 #: where copies are asynchronous: contiguous rows of this many bytes (from, to) and element sizes
@@ -338,21 +354,15 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
     lo, hi = STAGED_WARP_ROW_BYTES
-    if (not has_async_copy(device) or p.rows < 2 or not lo <= row_bytes <= hi or itemsize not in STAGED_WARP_ITEMSIZES
-            or p.strides() != (p.cols, p.cols) or (p.x_misalign - p.y_misalign) % vec != 0):
+    if (not has_async_copy(device) or not lo <= row_bytes <= hi or itemsize not in STAGED_WARP_ITEMSIZES
+            or not _one_span(p, vec)):
         return None
     threads = max(device.warp_size, STAGED_THREADS)
     warps = threads // device.warp_size
-    fitting = (device.shared_mem_per_block - 2 * vec * itemsize) // row_bytes // warps * warps
     wanted = ceil(max(1, round(threads * STAGED_WARP_BYTES_PER_THREAD / row_bytes)) / warps) * warps
-    tile_rows = min(p.rows, wanted, fitting)
-    if tile_rows == 0:
-        return None
-    shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize
-    launch = Launch(V.staged_warp_name(p.dtype, p.op, device.warp_size), _work_grid(ceil(p.rows / tile_rows), device),
-                    threads, shared, (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows),
-                                      (I32, _safe(p))), cut_to_one_wave=False)
-    return Plan("staged_warp", (launch,), notes={"vec": vec, "tile_rows": tile_rows})
+    tile_rows = min(p.rows, wanted, _rows_fitting(p, device, vec) // warps * warps)
+    return _staged_plan(p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
+                        tile_rows, vec)
 
 
 #: threads per block of the packed tier (its launch bound is 256)

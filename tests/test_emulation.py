@@ -344,30 +344,34 @@ def test_every_tier_with_copies_that_land_only_at_the_wait(async_library, rng, d
     _misaligned_rows_match_the_reference(runtime, rng, dtype, 1, 1)
 
 
+@pytest.fixture
+def async_planner(monkeypatch):
+    """The planner as it runs on NVIDIA sm_80 and newer (asynchronous copies), for this test only."""
+    monkeypatch.setattr(planner, "has_async_copy", lambda device: True)
+    plan.cache_clear()  # plans made for the emulated device without asynchronous copies
+    yield
+    plan.cache_clear()
+
+
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
-#: and rows of 514-1024 bytes; odd lengths beside them
+#: and rows of 514-576 bytes; odd lengths beside them
 STAGED_WHERE_ASYNC = {"float32": (20, 36, 65, 80), "float16": (24, 64, 72, 127, 200, 270), "bfloat16": (40, 255, 257)}
 
 
 @pytest.mark.parametrize("dtype", STAGED_WHERE_ASYNC)
-def test_staged_rows_of_the_asynchronous_planner(async_library, rng, dtype, monkeypatch):
+def test_staged_rows_of_the_asynchronous_planner(async_library, async_planner, rng, dtype):
     """The planner as it runs on NVIDIA sm_80 and newer sends these rows to the staged tier; 70
     rows a tile, so that threads of both warps start rows at every word offset."""
-    monkeypatch.setattr(planner, "has_async_copy", lambda device: True)
-    plan.cache_clear()  # plans made for the emulated device without asynchronous copies
-    try:
-        # a block's shared memory as large as an H100's default (and a little more, for 766-byte rows)
-        runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=64 * 1024,
-                                  shared_mem_per_block_optin=64 * 1024, shared_mem_per_multiprocessor=128 * 1024)
-        for cols in STAGED_WHERE_ASYNC[dtype]:
-            x = _inputs(rng, (70, cols), dtype)
-            for op, safe in OP_CASES:
-                assert _tier(runtime, x, 1, op, safe) == "staged", (dtype, cols)
-                got = run_host_array(runtime, x, 1, op, safe)
-                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {x.shape} staged")
-    finally:
-        plan.cache_clear()
+    # a block's shared memory at least as large as an H100's default
+    runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=64 * 1024,
+                              shared_mem_per_block_optin=64 * 1024, shared_mem_per_multiprocessor=128 * 1024)
+    for cols in STAGED_WHERE_ASYNC[dtype]:
+        x = _inputs(rng, (70, cols), dtype)
+        for op, safe in OP_CASES:
+            assert _tier(runtime, x, 1, op, safe) == "staged", (dtype, cols)
+            got = run_host_array(runtime, x, 1, op, safe)
+            assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {x.shape} staged")
 
 
 #: rows the planner for NVIDIA sm_80 and newer stages a warp a row: odd lengths (rows starting
@@ -376,23 +380,18 @@ STAGED_WARP_WHERE_ASYNC = {"float16": (288, 300, 777, 1001, 4000), "bfloat16": (
 
 
 @pytest.mark.parametrize("dtype", STAGED_WARP_WHERE_ASYNC)
-def test_staged_warp_rows_of_the_asynchronous_planner(async_library, rng, dtype, monkeypatch):
+def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_planner, rng, dtype):
     """The staged tier with a warp a row, at warp 32 and 64, as the sm_80+ planner sends rows to it;
     37 rows, so that the last tile is partial and the special rows fall in the first one."""
-    monkeypatch.setattr(planner, "has_async_copy", lambda device: True)
-    plan.cache_clear()  # plans made for the emulated device without asynchronous copies
-    try:
-        for warp in V.WARP_SIZES:
-            runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
-                                      shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
-            for cols in STAGED_WARP_WHERE_ASYNC[dtype]:
-                x = _inputs(rng, (37, cols), dtype)
-                for op, safe in OP_CASES:
-                    assert _tier(runtime, x, 1, op, safe) == "staged_warp", (warp, dtype, cols)
-                    got = run_host_array(runtime, x, 1, op, safe)
-                    assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} staged_warp")
-    finally:
-        plan.cache_clear()
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
+                                  shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
+        for cols in STAGED_WARP_WHERE_ASYNC[dtype]:
+            x = _inputs(rng, (37, cols), dtype)
+            for op, safe in OP_CASES:
+                assert _tier(runtime, x, 1, op, safe) == "staged_warp", (warp, dtype, cols)
+                got = run_host_array(runtime, x, 1, op, safe)
+                assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} staged_warp")
 
 
 def _every_tier_matches_the_reference(runtime, rng, dtype):
