@@ -184,6 +184,10 @@ PS_DEVICE void async_copy_wait_all() { ps_emu_async_wait_all(); }
 #endif
 #define PS_THREAD_FENCE() __threadfence()
 #define PS_ATOMIC_ADD(address, value) atomicAdd((address), (value))
+// A 64-bit word one block writes and others poll: an aligned 8-byte access is single-copy atomic
+// on both vendors, and volatile keeps it out of the non-coherent L1 and out of registers.
+#define PS_PUBLISH_WORD(address, value) (*(volatile unsigned long long*)(address) = (value))
+#define PS_READ_WORD(address) (*(const volatile unsigned long long*)(address))
 // One dynamic shared-memory symbol for every kernel of a translation unit
 // (its declarations must agree); 16-byte elements keep any vector aligned.
 #define PS_DYNAMIC_SHARED_BYTES(name) extern __shared__ float4 name[]

@@ -160,6 +160,9 @@ inline V ps_emu_atomic_add(V* address, A increment) {
 }
 #define PS_ATOMIC_ADD(address, value) ps_emu_atomic_add((address), (value))
 #define PS_THREAD_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+// Relaxed, like the GPUs' plain 64-bit accesses: only the word itself is communicated.
+#define PS_PUBLISH_WORD(address, value) __atomic_store_n((unsigned long long*)(address), (value), __ATOMIC_RELAXED)
+#define PS_READ_WORD(address) __atomic_load_n((const unsigned long long*)(address), __ATOMIC_RELAXED)
 #define PS_SPIN_PAUSE() ps_emu_spin_pause()
 
 // ---- kernel registry: PS_EXPORT_KERNEL(name) makes `name` launchable by string ----
