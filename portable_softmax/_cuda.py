@@ -224,8 +224,9 @@ class CudaRuntime:
             y_dev = cupy.empty(x.nbytes, np.uint8)
             x_dev.set(pinned, stream=stream)
             buffers = {"x": x_dev.data.ptr, "y": y_dev.data.ptr}
-            scratch = [cupy.zeros(nbytes, np.uint8) for _, nbytes in plan.scratch]
-            buffers.update((name, buf.data.ptr) for (name, _), buf in zip(plan.scratch, scratch))
+            scratch_bytes, offsets = plan.scratch_layout()
+            scratch = cupy.zeros(max(1, scratch_bytes), np.uint8)
+            buffers.update((name, scratch.data.ptr + offset) for name, offset in offsets.items())
             self.launch(plan, dtype, buffers, stream.ptr, device)
             y_dev.get(stream=stream, out=pinned)
             stream.synchronize()

@@ -185,10 +185,11 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
 
 def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
     buffers = {"x": src.ptr, "y": y_ptr}
-    keep = []
-    for name, nbytes in the_plan.scratch:
-        buffers[name], buf = src.scratch(nbytes)
-        keep.append(buf)
+    keep = None
+    if the_plan.scratch:
+        nbytes, offsets = the_plan.scratch_layout()
+        base, keep = src.scratch(nbytes)  # one zero fill for every buffer
+        buffers.update((name, base + offset) for name, offset in offsets.items())
     rt.launch(the_plan, src.dtype, buffers, src.stream(), src.device_index)
     del keep  # stream-ordered allocators reuse scratch only after the launches above
 

@@ -109,6 +109,10 @@ class Launch:
     cut_to_one_wave: bool = True
 
 
+#: alignment of each buffer in a plan's scratch allocation
+SCRATCH_ALIGN = 256
+
+
 @dataclass(frozen=True)
 class Plan:
     tier: str
@@ -120,6 +124,15 @@ class Plan:
     @property
     def scratch_bytes(self) -> int:
         return sum(n for _, n in self.scratch)
+
+    def scratch_layout(self) -> tuple[int, dict[str, int]]:
+        """The scratch buffers as one allocation, so that one fill zeroes them all: its bytes, and
+        each buffer's offset in it (256-byte aligned, like a fresh allocation)."""
+        offsets, total = {}, 0
+        for name, nbytes in self.scratch:
+            offsets[name] = total
+            total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        return total, offsets
 
 
 class PlanError(ValueError):

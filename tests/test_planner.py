@@ -10,6 +10,7 @@ from portable_softmax import _variants as V
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
     CLUSTER_ITEMSIZES,
+    SCRATCH_ALIGN,
     STAGED_WARP_ITEMSIZES,
     DeviceProfile,
     PlanError,
@@ -75,6 +76,11 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
+        if p.scratch:  # one allocation: every buffer aligned, inside it, none overlapping
+            total, offsets = p.scratch_layout()
+            spans = sorted((offsets[name], offsets[name] + nbytes) for name, nbytes in p.scratch)
+            assert all(start % SCRATCH_ALIGN == 0 for start, _ in spans) and spans[-1][1] <= total
+            assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
     if has_async_copy(device) and V.DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
         expected.add("staged_warp")
