@@ -224,9 +224,11 @@ class CudaRuntime:
             y_dev = cupy.empty(x.nbytes, np.uint8)
             x_dev.set(pinned, stream=stream)
             buffers = {"x": x_dev.data.ptr, "y": y_dev.data.ptr}
-            scratch_bytes, offsets = plan.scratch_layout()
-            scratch = cupy.zeros(max(1, scratch_bytes), np.uint8)
-            buffers.update((name, scratch.data.ptr + offset) for name, offset in offsets.items())
+            scratch = None
+            if plan.scratch:  # one zero fill for every buffer
+                scratch_bytes, offsets = plan.scratch_layout()
+                scratch = cupy.zeros(scratch_bytes, np.uint8)
+                buffers.update((name, scratch.data.ptr + offset) for name, offset in offsets.items())
             self.launch(plan, dtype, buffers, stream.ptr, device)
             y_dev.get(stream=stream, out=pinned)
             stream.synchronize()

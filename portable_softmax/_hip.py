@@ -620,14 +620,15 @@ class HipRuntime:
                 host = np.ctypeslib.as_array((ctypes.c_uint8 * max(1, nbytes)).from_address(int(pinned)))[:nbytes]
                 host[...] = x.reshape(-1).view(np.uint8)
                 scratch_bytes, offsets = plan.scratch_layout()
+                sizes = {"x": nbytes, "y": nbytes} | ({"scratch": scratch_bytes} if scratch_bytes else {})
                 buffers = {}
-                for name, size in (("x", nbytes), ("y", nbytes), ("scratch", scratch_bytes)):
+                for name, size in sizes.items():
                     ptr = self._call("hipMalloc", max(1, size))
                     owned.append(("hipFree", ptr))
                     buffers[name] = int(ptr)
-                if scratch_bytes:  # scratch starts zeroed (counters, partial sums)
+                if scratch_bytes:  # one zero fill for every scratch buffer (counters, partial sums)
                     self._call("hipMemsetAsync", buffers["scratch"], 0, scratch_bytes, stream)
-                buffers.update((name, buffers["scratch"] + offset) for name, offset in offsets.items())
+                    buffers.update((name, buffers["scratch"] + offset) for name, offset in offsets.items())
                 self._call("hipMemcpyAsync", buffers["x"], int(pinned), nbytes, HIP_MEMCPY_HOST_TO_DEVICE, stream)
                 self.launch(plan, dtype, buffers, int(stream), device)
                 self._call("hipMemcpyAsync", int(pinned), buffers["y"], nbytes, HIP_MEMCPY_DEVICE_TO_HOST, stream)
