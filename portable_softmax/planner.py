@@ -402,8 +402,7 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     depth = 1 if group >= 4 else 4 // group
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
     blocks = ceil(groups / (PACKED_THREADS * depth))
-    # groups of several vectors pass through a tile of shared memory (packed_groups_staged)
-    tile = depth * PACKED_THREADS * per_thread * V.DTYPES[p.dtype][2] if group > 1 else 0
+    tile = depth * PACKED_THREADS * per_thread * V.DTYPES[p.dtype][2]  # the groups pass through shared memory
     launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p))), cut_to_one_wave=False)
     return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth})

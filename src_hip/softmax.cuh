@@ -19,10 +19,11 @@ enum Op { kSoftmax = 0, kLogSoftmax = 1 };
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
 // A whole vector's store; kOneInstruction: 16-byte vectors through the vendor header's
-// single-instruction store. Only the packed and two-pass split tiers take it: nvcc split their
-// 16-byte stores into 2- and 4-byte ones (seen in SASS; several times the store requests, the
-// L2 the limit at 55-60% of the copy), while in the other tiers the compiler keeps them whole
-// and the explicit store's four packed registers would cost the register tier occupancy.
+// single-instruction store. Only the two-pass split tier takes it: nvcc split its 16-byte stores
+// (and the packed tier's, before they came from shared memory) into 2- and 4-byte ones (seen in
+// SASS; several times the store requests, the L2 the limit at 55-60% of the copy), while in the
+// other tiers the compiler keeps them whole and the explicit store's four packed registers would
+// cost the register tier occupancy.
 template <bool kOneInstruction, typename T, int N> PS_DEVICE void store_vector(T* at, const Vec<T, N>& raw) {
   if (kOneInstruction && sizeof(raw) == sizeof(ps_words4)) {
     ps_words4 words;
@@ -464,22 +465,24 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
 // ---- tier 0, packed: rows of a few elements inside a thread's vectors ---------------
 // Contiguous rows of COLS elements: GROUP = lcm(COLS, VEC) / VEC consecutive aligned vectors
 // hold whole rows when the span starts on a row boundary (the host checks that its
-// misalignment is a multiple of COLS). A thread loads DEPTH groups, takes each row in
-// registers and stores the vectors back: no shuffles, no shared memory, and every access
-// but the span's two ends a full vector.
+// misalignment is a multiple of COLS). A thread takes DEPTH groups from shared memory (below),
+// each row in registers: no shuffles, and every access but the span's two ends a full vector.
 template <int A, int B> struct Gcd { static const int value = Gcd<B, A % B>::value; };
 template <int A> struct Gcd<A, 0> { static const int value = A; };
 
-// Groups of several vectors pass through shared memory: the block's loads and stores then take
-// consecutive slots thread by thread (whole lines a warp), where a thread loading its own group
-// reads one vector of every GROUP (ncu, 16-bit rows of 3 columns: L2 at 92% of its throughput,
-// each sector requested twice). Reading its group back, a thread's 16-byte accesses are GROUP * 16
-// bytes apart, which for GROUP = 3 meets no bank twice in a quarter warp. The tile (dynamic
-// shared memory) holds DEPTH * blockDim groups.
+// The groups pass through a tile of shared memory (dynamic, DEPTH * blockDim groups): the block
+// copies its groups' slots in order (cp.async where there is one), each thread takes its group
+// from the tile, and the block stores the tile in order. So a warp's requests are whole lines,
+// where a thread loading its own group of GROUP > 1 vectors read one vector of every GROUP (ncu,
+// 16-bit rows of 3 columns: L2 at 92% of its throughput, each sector requested twice); and the
+// bytes in flight wait in shared memory, not registers (ncu, 16-bit rows of 1 column loaded
+// into registers: 4 blocks of 256 threads a multiprocessor for registers, DRAM at 66%). Reading its
+// group back, a thread's 16-byte accesses are GROUP * 16 bytes apart, which for GROUP = 1 or 3
+// meets no bank twice in a quarter warp.
 const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREADS in the planner)
 
 template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
-PS_DEVICE void packed_groups_staged(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile) {
+PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile) {
   typedef typename compute_of<T>::type C;
   const int threads = PS_BLOCK_DIM_X;
   const i64 step = (i64)PS_GRID_DIM_X * threads;
@@ -531,43 +534,11 @@ PS_DEVICE void packed_groups_staged(const RowSlots<T, VEC>& span, i64 groups, in
 
 template <typename T, int OP, int COLS, int VEC>
 PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe, Vec<T, VEC>* tile) {
-  typedef typename compute_of<T>::type C;
   const int N = COLS / Gcd<COLS, VEC>::value * VEC;  // values of a group: lcm(COLS, VEC)
   const int GROUP = N / VEC;
   const int DEPTH = GROUP >= 4 ? 1 : 4 / GROUP;  // at least four vectors in flight a thread
   const RowSlots<T, VEC> span(x, y, rows * COLS);
-  const i64 groups = (span.slots + GROUP - 1) / GROUP;
-  if constexpr (GROUP > 1) {
-    packed_groups_staged<T, OP, COLS, VEC, GROUP, DEPTH>(span, groups, safe, tile);
-    return;
-  }
-  const i64 step = (i64)PS_GRID_DIM_X * PS_BLOCK_DIM_X;
-  for (i64 g0 = (i64)PS_BLOCK_X * PS_BLOCK_DIM_X + PS_THREAD_X; g0 < groups; g0 += DEPTH * step) {
-    C v[DEPTH][N];
-#pragma unroll
-    for (int u = 0; u < DEPTH; ++u) {
-#pragma unroll
-      for (int s = 0; s < GROUP; ++s) {
-        const i64 k = (g0 + u * step) * GROUP + s;
-        if (k < span.slots) {
-          span.load(k, v[u] + s * VEC);
-        } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[u][s * VEC + j] = ps_neg_inf<C>();
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < DEPTH; ++u) {
-#pragma unroll
-      for (int r = 0; r < N / COLS; ++r) softmax_in_registers<OP, T, 1, COLS>(v[u] + r * COLS, safe != 0);
-#pragma unroll
-      for (int s = 0; s < GROUP; ++s) {
-        const i64 k = (g0 + u * step) * GROUP + s;
-        if (k < span.slots) span.template store<true>(k, v[u] + s * VEC);
-      }
-    }
-  }
+  packed_groups<T, OP, COLS, VEC, GROUP, DEPTH>(span, (span.slots + GROUP - 1) / GROUP, safe, tile);
 }
 
 // ---- tier 1, staged: contiguous short rows through shared memory -------------------
