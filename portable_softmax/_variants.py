@@ -144,12 +144,11 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
 
 
 #: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
-#: by bytes per element. Measured on an H100 against the register and staged tiers for every
-#: length from 1 to 8: the packed tier wins for 16-bit rows of 1, 2, 3 and 6 elements (1: 61 ->
-#: 90% of the copy once its 16-byte stores stay whole, 2: 82-88 -> 90-91, 3: +6-14, 6: +25), is
-#: level at 4 (softmax 5 points slower, log_softmax 5 faster) and loses at 5 and 7 (a thread's
-#: group spans 5 or 7 vectors: 68-69 -> 47-58) and where the register tier has whole vectors.
-PACKED_COLS = {2: (1, 2, 3)}
+#: by bytes per element. Since its groups pass through shared memory (a block's loads and stores
+#: whole lines), measured on an H100 against the tiers these rows took before (% of the copy):
+#: 16-bit rows of 5 columns 93-97 -> 101, 6 99-100 -> 101.5, 8 94.6-98 -> 98, 7 level (100.5).
+#: When each thread loaded its own group, 5 and 7 lost (68-69 -> 47-58).
+PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:

@@ -403,6 +403,8 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
     blocks = ceil(groups / (PACKED_THREADS * depth))
     tile = depth * PACKED_THREADS * per_thread * V.DTYPES[p.dtype][2]  # the groups pass through shared memory
+    if tile > device.shared_mem_per_block or PACKED_THREADS > device.max_threads_per_block:
+        return None
     launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p))), cut_to_one_wave=False)
     return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth})

@@ -9,6 +9,7 @@ both warp sizes, and that a 32-lane assumption in the source fails at warp 64 on
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -351,6 +352,27 @@ def async_planner(monkeypatch):
     plan.cache_clear()  # plans made for the emulated device without asynchronous copies
     yield
     plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [d for d in V.DTYPES if V.packed_cols(d)])
+@pytest.mark.parametrize("copies", ["sync", "async"])
+def test_every_packed_row_length(request, rng, dtype, copies):
+    """Every row length of the packed tier, its span starting on a vector and one row into it (so
+    that the first group is partial), 1000 rows (the last group partial too), with and without
+    asynchronous copies."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    # a block's shared memory as large as an H100's default (the 7-column tile takes 28 KiB)
+    runtime = EmulatedRuntime(library, 32, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
+                              shared_mem_per_multiprocessor=128 * 1024)
+    for cols in V.packed_cols(dtype):
+        x = _inputs(rng, (1000, cols), dtype)
+        for offset in (0, cols):
+            problem = RowProblem(dtype, "softmax", 1000, cols, x_misalign=offset, y_misalign=offset)
+            for op, safe in OP_CASES:
+                the_plan = plan(replace(problem, op=op, safe=safe), runtime.profile(0))
+                assert the_plan.tier == "packed", (cols, offset)
+                got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
+                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {cols} columns offset {offset} packed")
 
 
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even

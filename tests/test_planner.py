@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -149,10 +150,14 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     for cols in V.packed_cols(dtype):
         # a row would straddle two threads' vectors: a misalignment that is not a multiple of the
         # row, padded rows, or input and output misaligned differently
-        off_row = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=cols + 1, y_misalign=cols + 1), device)
+        off_row = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=1), device)
         padded = plan(RowProblem(dtype, "softmax", 1000, cols, x_stride=cols + 1, y_stride=cols + 1), device)
         mixed = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=0), device)
         assert "packed" not in {padded.tier, mixed.tier} and (off_row.tier == "packed") == (cols == 1)
+        # a tile larger than the block's shared memory: another tier
+        small = replace(device, shared_mem_per_block=16 * 1024, shared_mem_per_block_optin=16 * 1024)
+        tile = plan(RowProblem(dtype, "softmax", 1000, cols), device).launches[0].shared_mem
+        assert (plan(RowProblem(dtype, "softmax", 1000, cols), small).tier == "packed") == (tile <= 16 * 1024)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
