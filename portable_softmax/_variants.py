@@ -41,6 +41,13 @@ def vector_widths(dtype: str) -> tuple[int, int]:
     return (1, 16 // DTYPES[dtype][2])
 
 
+def strided_vector_widths(dtype: str) -> tuple[int, int]:
+    """Inner positions a thread of the on-chip strided tier takes with one load: 1, or a 16-byte
+    vector of 4- and 8-byte types, a 4-byte pair of 16-bit ones (16-byte vectors of those took 80
+    registers a thread and 16 KiB of (m, d) scratch a block)."""
+    return (1, 2) if DTYPES[dtype][2] == 2 else vector_widths(dtype)
+
+
 def warp_batch(dtype: str, slots: int, vec: int) -> int:
     """Rows a lane group takes per step in the register tier (WarpBatch in softmax.cuh)."""
     nbytes = slots * vec * DTYPES[dtype][2]
@@ -163,7 +170,7 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 def warp_free_names(dtype: str) -> list[str]:
     """The kernels of one dtype that use no shuffles, built once for every warp size."""
     names = [strided_name(dtype, op) for op in OPS]
-    names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in vector_widths(dtype)]
+    names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in strided_vector_widths(dtype)]
     names += [staged_name(dtype, op) for op in OPS]
     return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
 
@@ -210,7 +217,7 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
-        for vec in vector_widths(dtype):
+        for vec in strided_vector_widths(dtype):
             out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
         for cols in packed_cols(dtype):

@@ -631,16 +631,19 @@ STRIDED_ROW_BYTES = 128
 STRIDED_CHUNKS_PER_SM = 4
 
 
-#: element sizes whose rows the on-chip strided tier reads as vectors (when aligned). Measured on
-#: an H100, axis 0 of 8192 x 8192: 16-bit 8-wide vectors 25-32% of the copy against 32-41% with a
-#: thread per position (80 registers a thread, and 16 KiB of (m, d) scratch a block).
-STRIDED_VECTOR_ITEMSIZES = (4, 8)
+#: element sizes whose rows the on-chip strided tier reads as vectors (V.strided_vector_widths,
+#: when aligned). Measured on an H100, axis 0 (% of the copy): 16-bit pairs against a thread per
+#: position (whose warp read half a line a row) 8192 x 8192 42-43 -> 54-56, 16384 x 4096 43-44 ->
+#: 54-56, 4096 x 16384 42-44 -> 49-58, 32768 x 2048 39-40 -> 46-48; 16-bit 8-wide vectors 25-32
+#: against 32-41 (80 registers a thread, and 16 KiB of (m, d) scratch a block).
+STRIDED_VECTOR_ITEMSIZES = (2, 4, 8)
 
 
 def strided_vec(p: StridedProblem) -> int:
     """Inner positions a thread of the on-chip strided tier takes with one vector load: the
-    widest vector when every row of the input and output starts vector-aligned, else 1."""
-    widest = V.vector_widths(p.dtype)[1]
+    widest (V.strided_vector_widths) when every row of the input and output starts aligned to
+    it, else 1."""
+    widest = V.strided_vector_widths(p.dtype)[1]
     if V.DTYPES[p.dtype][2] not in STRIDED_VECTOR_ITEMSIZES:
         return 1
     (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides

@@ -433,10 +433,13 @@ def _every_tier_matches_the_reference(runtime, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", V.DTYPES)
-def test_non_last_axis_cached_on_chip_with_vectors_and_without(library, rng, dtype):
+@pytest.mark.parametrize("copies", ["sync", "async"])
+def test_non_last_axis_cached_on_chip_with_vectors_and_without(request, rng, dtype, copies):
     """The on-chip strided tier with a thread per inner position and, for the element sizes that
     take vectors, with a vector of them (rows that all start vector-aligned), on a device with room
-    for the vector form's scratch."""
+    for the vector form's scratch; built with and without asynchronous copies (which refill the
+    cache and poll each pair where a slot is 4 bytes or more)."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
                                   shared_mem_per_multiprocessor=192 * 1024)
@@ -458,7 +461,7 @@ def test_non_last_axis_cached_on_chip_with_vectors_and_without(library, rng, dty
                 got = runtime.run_plan(reduced, the_plan)
                 assert_close(got, reduced, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {reduced.shape}")
         vectors = V.DTYPES[dtype][2] in STRIDED_VECTOR_ITEMSIZES
-        assert widths == ({1, V.vector_widths(dtype)[1]} if vectors else {1})
+        assert widths == ({1, V.strided_vector_widths(dtype)[1]} if vectors else {1})
 
 
 @pytest.mark.parametrize("dtype", V.DTYPES)
