@@ -746,7 +746,13 @@ template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::type* partials, i64 rows,
                                i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks, int safe) {
   typedef typename compute_of<T>::type C;
-  for (i64 job = PS_BLOCK_X; job < rows * chunks; job += PS_GRID_DIM_X) {
+  // The jobs in the reverse of split_partials' order: the chunks it read last are the ones the L2
+  // cache still holds when this pass starts. Measured on an H100 (two runs): one 1e8 float32 row
+  // 62.1-62.2 -> 62.3-62.4% of the copy, 16-bit rows of 67-134 million 52 -> 52.2-53; small, but
+  // in every pair.
+  const i64 jobs = rows * chunks;
+  for (i64 k = PS_BLOCK_X; k < jobs; k += PS_GRID_DIM_X) {
+    const i64 job = jobs - 1 - k;
     const i64 row = job / chunks, chunk = job % chunks;
     MD<C> md = md_identity<C>();
     for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
