@@ -27,7 +27,7 @@ WARP_SIZES = (32, 64)
 WARP_TIER_THREADS = 128
 #: tier -> the most threads a block its kernels are compiled for (softmax.cuh: kBlockTierThreads,
 #: kStagedThreads, kCachedThreads; their launch bounds also cap registers for occupancy)
-LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 256}
+LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384}
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 

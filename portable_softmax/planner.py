@@ -423,9 +423,17 @@ BLOCK_TIER_SLOTS_PER_THREAD = 8
 #: a block-tier row takes at most 1 / BLOCK_TIER_SM_SHARE of a multiprocessor's shared memory
 #: (longer rows are split across blocks)
 BLOCK_TIER_SM_SHARE = 2
-#: threads per block of the on-chip split tier, and chunks of its rows a multiprocessor holds
+#: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
+#: multiprocessor holds
 CACHED_THREADS = 256
 CACHED_CHUNKS_PER_SM = 4
+#: threads per block of the on-chip split tier by bytes per element, where not CACHED_THREADS: at
+#: most V.LAUNCH_BOUND_THREADS["cached"], whose kernels' launch bounds keep 4 such blocks a
+#: multiprocessor. Measured on an H100 (% of the copy, two runs): float32 rows of 65536-262144
+#: columns at 384 threads 86-90 -> 88-92.6 (256x262144 88-89.6 -> 91-92.6), 16x1048576 74-76 ->
+#: 81; 16-bit rows at 384 threads -1.5 to +1, at 512 threads (float32 spilling under the bound
+#: that allows four such blocks) float32 softmax 5-6 slower.
+CACHED_THREADS_BY_ITEMSIZE = {4: 384}
 
 
 def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int) -> int:
@@ -442,11 +450,13 @@ def _compute_bytes(dtype: str) -> int:
     return 8 if V.compute_type(dtype) == "double" else 4
 
 
-def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize: int) -> tuple[int, int]:
+def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize: int,
+                   wanted_threads: int = 0) -> tuple[int, int]:
     """(threads, slots) of a block of the on-chip split tiers (blocks merging through global memory
-    or in a cluster): its threads, and the slots of a chunk of a quarter multiprocessor's shared
-    memory (several chunks a multiprocessor, so one's loads overlap another's wait)."""
-    threads = min(device.max_threads_per_block, max(CACHED_THREADS, 4 * device.warp_size))
+    or in a cluster): its threads (wanted_threads, else CACHED_THREADS), and the slots of a chunk of
+    a quarter multiprocessor's shared memory (several chunks a multiprocessor, so one's loads
+    overlap another's wait)."""
+    threads = min(device.max_threads_per_block, max(wanted_threads or CACHED_THREADS, 4 * device.warp_size))
     budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
     return threads, (budget - static_bytes) // (vec * itemsize)
 
@@ -510,7 +520,8 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
-    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize)
+    wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, 0)
+    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, wanted)
     chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:

@@ -1146,14 +1146,17 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
 }
 
 // Launch bounds of the tiers that cache rows in shared memory: the most threads a block the
-// planner gives them (planner.py: BLOCK_TIER_MAX_THREADS, STAGED_THREADS, CACHED_THREADS) and how
-// many such blocks a multiprocessor must hold, which caps registers a thread (NVIDIA: 40, 56, 48).
-// Measured on an H100: 16-bit rows of 3000-32000 columns from 80-83% of the copy at 52-64
+// planner gives them (planner.py: BLOCK_TIER_MAX_THREADS, STAGED_THREADS, CACHED_THREADS_BY_ITEMSIZE)
+// and how many such blocks a multiprocessor must hold, which caps registers a thread (NVIDIA: 40,
+// 56, 42). Measured on an H100: 16-bit rows of 3000-32000 columns from 80-83% of the copy at 52-64
 // registers (8 blocks a multiprocessor) to 93-95%, 67 columns 82 -> 86; float32 unchanged.
-// Bounds of 4, 9 and 6 blocks spilled (float32 8192 columns 99 -> 90).
+// Bounds of 4, 9 and 6 blocks spilled (float32 8192 columns 99 -> 90). The on-chip split's float32
+// blocks of 384 threads, four a multiprocessor, compile to 22-23 registers (48 under the earlier
+// bound of 256 threads, five blocks) and its 16-bit ones to 30-32 as before; 512 threads, four a
+// multiprocessor, spilled in float32.
 const int kBlockTierThreads = 512, kBlockTierMinBlocks = 3;
 const int kStagedThreads = 128, kStagedMinBlocks = 9;
-const int kCachedThreads = 256, kCachedMinBlocks = 5;
+const int kCachedThreads = 384, kCachedMinBlocks = 4;
 // float64 kernels need their registers (they spilled under these bounds): one block.
 template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
 // The on-chip strided tier's float32 variants that refill their cache asynchronously need a cap of

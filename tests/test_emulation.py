@@ -375,6 +375,29 @@ def test_every_packed_row_length(request, rng, dtype, copies):
                 assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {cols} columns offset {offset} packed")
 
 
+@pytest.mark.parametrize("copies", ["sync", "async"])
+def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
+    """The on-chip split at the block size the planner gives float32 rows (CACHED_THREADS_BY_ITEMSIZE:
+    12 warps of 32, or 6 of 64), on a device that allows it, with and without asynchronous copies:
+    enough rows for three rounds of the grid and a partial fourth, so that blocks refill their caches."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp, multiprocessors=16, max_threads_per_block=1024,
+                                  max_threads_per_multiprocessor=2048)
+        device = runtime.profile(0)
+        cols = 64
+        while cols < 1 << 17 and plan(RowProblem("float32", "softmax", 64, cols), device).tier != "cached":
+            cols = cols * 5 // 4 + 1
+        probe = plan(RowProblem("float32", "softmax", 64, cols), device)
+        assert probe.tier == "cached" and probe.launches[0].block == 384, (warp, cols, probe)
+        rows = 3 * (probe.launches[0].grid // probe.notes["chunks"]) + 2
+        x = _inputs(rng, (rows, cols), "float32")
+        for op, safe in OP_CASES:
+            the_plan = plan(RowProblem("float32", op, rows, cols, safe=safe), device)
+            got = runtime.run_plan(x, the_plan)
+            assert_close(got, x, 1, op, safe, f"warp {warp} float32 {op} safe={safe} {x.shape} cached {the_plan.notes}")
+
+
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
 #: and rows of 514-576 bytes; odd lengths beside them
