@@ -381,14 +381,14 @@ def test_planner_profiles_from_the_adapter_pick_the_devices_warp(fake_runtime):
 def test_cooperative_launches_fit_the_resident_grid_and_get_zeroed_scratch(fake_runtime):
     rt, fake = fake_runtime
     prof = rt.profile(0)
-    the_plan = plan(RowProblem("float32", "softmax", rows=2, cols=200_000), prof)
+    the_plan = plan(RowProblem("float32", "softmax", rows=4, cols=200_000), prof)
     coop = [s for s in the_plan.launches if s.cooperative]
     if not coop or not the_plan.scratch:
         pytest.skip(f"the planner chose the {the_plan.tier} tier for this shape")
     fake.blocks_per_cu = 1  # fewer resident blocks than the plan asks for: the grid must shrink
     resident = fake.blocks_per_cu * prof.multiprocessors
     assert coop[0].grid > resident >= coop[0].min_grid
-    x = np.zeros((2, 200_000), np.float32)
+    x = np.zeros((4, 200_000), np.float32)
     rt.run_host(x, the_plan, "float32", 0)
     grids = [c[2] for c in fake.calls if c[0] == "launch"]
     for step, grid in zip(the_plan.launches, grids):
