@@ -451,12 +451,12 @@ def _compute_bytes(dtype: str) -> int:
 
 
 def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize: int,
-                   wanted_threads: int = 0) -> tuple[int, int]:
+                   wanted_threads: int) -> tuple[int, int]:
     """(threads, slots) of a block of the on-chip split tiers (blocks merging through global memory
-    or in a cluster): its threads (wanted_threads, else CACHED_THREADS), and the slots of a chunk of
-    a quarter multiprocessor's shared memory (several chunks a multiprocessor, so one's loads
-    overlap another's wait)."""
-    threads = min(device.max_threads_per_block, max(wanted_threads or CACHED_THREADS, 4 * device.warp_size))
+    or in a cluster): its threads (wanted_threads, within the device's limits), and the slots of a
+    chunk of a quarter multiprocessor's shared memory (several chunks a multiprocessor, so one's
+    loads overlap another's wait)."""
+    threads = min(device.max_threads_per_block, max(wanted_threads, 4 * device.warp_size))
     budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
     return threads, (budget - static_bytes) // (vec * itemsize)
 
@@ -520,7 +520,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
-    wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, 0)
+    wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, CACHED_THREADS)
     threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, wanted)
     chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
@@ -596,7 +596,7 @@ def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, st
     itemsize = V.DTYPES[p.dtype][2]
     if itemsize not in CLUSTER_ITEMSIZES:
         return None
-    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize)
+    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, CACHED_THREADS)
     cluster = next((c for c in V.CLUSTER_SIZES if c * chunk_cap >= slots), None)
     if cluster is None or p.rows * cluster < 2 * device.multiprocessors:
         return None  # the cached tier spreads few rows over more blocks

@@ -477,8 +477,8 @@ template <int A> struct Gcd<A, 0> { static const int value = A; };
 // 16-bit rows of 3 columns: L2 at 92% of its throughput, each sector requested twice); and the
 // bytes in flight wait in shared memory, not registers (ncu, 16-bit rows of 1 column loaded
 // into registers: 4 blocks of 256 threads a multiprocessor for registers, DRAM at 66%). Reading its
-// group back, a thread's 16-byte accesses are GROUP * 16 bytes apart, which for GROUP = 1 or 3
-// meets no bank twice in a quarter warp.
+// group back, a thread's 16-byte accesses are GROUP * 16 bytes apart, which for an odd GROUP (1, 3,
+// 5 or 7: every length the planner packs) meets no bank twice in a quarter warp.
 const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREADS in the planner)
 
 template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
