@@ -10,6 +10,7 @@ import pytest
 from portable_softmax import _variants as V
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
+    CHUNK_ALIGN_BYTES,
     CLUSTER_ITEMSIZES,
     SCRATCH_ALIGN,
     STAGED_WARP_ITEMSIZES,
@@ -223,6 +224,26 @@ def test_misaligned_input_and_output_fall_back_to_scalar_slots():
 def test_few_long_rows_are_split_across_blocks():
     p = plan(RowProblem("float32", "softmax", 1, 10**8), PROFILES["h100"])
     assert p.tier == "split" and p.notes["chunks"] >= 2 * 132 // 1
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_split_rows_are_cut_into_chunks_on_aligned_boundaries(device, dtype):
+    itemsize = V.DTYPES[dtype][2]
+    tiers = set()
+    for rows, cols in ((1, 10**8), (1, 3 * 10**7 + 17), (7, 1 << 20), (512, 262144), (640, 200000),
+                       (1024, 128256), (1342, 100000), (4096, 65536), (2097, 32000), (1, 262143)):
+        p = plan(RowProblem(dtype, "softmax", rows, cols), device)
+        if "chunk_slots" not in p.notes:
+            continue
+        tiers.add(p.tier)
+        chunk_bytes = p.notes["chunk_slots"] * p.notes["vec"] * itemsize
+        assert chunk_bytes % CHUNK_ALIGN_BYTES == 0, (rows, cols, p.tier, p.notes)
+        assert p.notes["slots"] <= p.notes["chunks"] * p.notes["chunk_slots"]
+        if p.tier != "cluster":  # a cluster's last block may be left without slots; a split has no empty chunk
+            assert (p.notes["chunks"] - 1) * p.notes["chunk_slots"] < p.notes["slots"]
+    clusters = has_clusters(device) and itemsize in CLUSTER_ITEMSIZES
+    assert tiers == ({"split", "cached", "cluster"} if clusters else {"split", "cached"})
 
 
 def test_strided_plan_and_errors():
