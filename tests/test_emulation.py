@@ -379,7 +379,9 @@ def test_every_packed_row_length(request, rng, dtype, copies):
 def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
     """The on-chip split at the block size the planner gives float32 rows (CACHED_THREADS_BY_ITEMSIZE:
     12 warps of 32, or 6 of 64), on a device that allows it, with and without asynchronous copies:
-    enough rows for three rounds of the grid and a partial fourth, so that blocks refill their caches."""
+    enough rows for three rounds of the grid and a partial fourth, so that blocks refill their caches;
+    rows a multiple of 128 bytes long, and one vector longer, so that rows start at different
+    places in a line (a thread keeps its slots from row to row however its rows lie)."""
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp, multiprocessors=16, max_threads_per_block=1024,
@@ -388,14 +390,40 @@ def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
         cols = 64
         while cols < 1 << 17 and plan(RowProblem("float32", "softmax", 64, cols), device).tier != "cached":
             cols = cols * 5 // 4 + 1
-        probe = plan(RowProblem("float32", "softmax", 64, cols), device)
-        assert probe.tier == "cached" and probe.launches[0].block == 384, (warp, cols, probe)
-        rows = 3 * (probe.launches[0].grid // probe.notes["chunks"]) + 2
-        x = _inputs(rng, (rows, cols), "float32")
-        for op, safe in OP_CASES:
-            the_plan = plan(RowProblem("float32", op, rows, cols, safe=safe), device)
-            got = runtime.run_plan(x, the_plan)
-            assert_close(got, x, 1, op, safe, f"warp {warp} float32 {op} safe={safe} {x.shape} cached {the_plan.notes}")
+        cols = cols // 32 * 32  # 128 bytes
+        for row_cols in (cols, cols + 4):
+            probe = plan(RowProblem("float32", "softmax", 64, row_cols), device)
+            assert probe.tier == "cached" and probe.launches[0].block == 384, (warp, row_cols, probe)
+            rows = 3 * (probe.launches[0].grid // probe.notes["chunks"]) + 2
+            x = _inputs(rng, (rows, row_cols), "float32")
+            for op, safe in OP_CASES:
+                the_plan = plan(RowProblem("float32", op, rows, row_cols, safe=safe), device)
+                got = runtime.run_plan(x, the_plan)
+                assert_close(got, x, 1, op, safe,
+                             f"warp {warp} float32 {op} safe={safe} {x.shape} cached {the_plan.notes}")
+
+
+@pytest.mark.parametrize("copies", ["sync", "async"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_block_tier_rows_past_the_grid_starting_anywhere_in_a_line(request, rng, dtype, copies):
+    """Block-tier rows on a device whose grid holds 3 blocks, so that each block caches row after
+    row, of lengths that put consecutive rows' starts at different places in a 128-byte line (each
+    row starts its threads' turn on a line, and the cache's places change owners between rows)."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp, max_grid_x=3)
+        device = runtime.profile(0)
+        itemsize = V.DTYPES[dtype][2]
+        cols = 64
+        while cols < 1 << 16 and plan(RowProblem(dtype, "softmax", 64, cols), device).tier != "block":
+            cols = cols * 5 // 4 + 1
+        for row_cols in (cols // 64 * 64 + 16 // itemsize, cols // 64 * 64 + 1):  # one vector, one element past
+            x = _inputs(rng, (11, row_cols), dtype)
+            for op, safe in OP_CASES:
+                the_plan = plan(RowProblem(dtype, op, 11, row_cols, safe=safe), device)
+                assert the_plan.tier == "block" and the_plan.launches[0].grid == 3, (warp, row_cols, the_plan)
+                got = runtime.run_plan(x, the_plan)
+                assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} block")
 
 
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
