@@ -453,12 +453,13 @@ def _compute_bytes(dtype: str) -> int:
 def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize: int,
                    wanted_threads: int) -> tuple[int, int]:
     """(threads, slots) of a block of the on-chip split tiers (blocks merging through global memory
-    or in a cluster): its threads (wanted_threads, within the device's limits), and the slots of a
-    chunk of a quarter multiprocessor's shared memory (several chunks a multiprocessor, so one's
-    loads overlap another's wait)."""
+    or in a cluster): its threads (wanted_threads, within the device's limits), and the most slots
+    of a chunk, a multiple of _chunk_unit, in a quarter multiprocessor's shared memory (several
+    chunks a multiprocessor, so one's loads overlap another's wait)."""
     threads = min(device.max_threads_per_block, max(wanted_threads, 4 * device.warp_size))
     budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
-    return threads, (budget - static_bytes) // (vec * itemsize)
+    unit = _chunk_unit(vec, itemsize)
+    return threads, (budget - static_bytes) // (vec * itemsize) // unit * unit
 
 
 #: chunks of split rows start on multiples of this many bytes from the row's first aligned slot,
@@ -544,11 +545,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     # resident block per multiprocessor is always possible).
     wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, CACHED_THREADS)
     threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, wanted)
-    unit = _chunk_unit(vec, itemsize)
-    chunk_cap = max(threads, chunk_cap // unit * unit)
+    chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
-        chunk_slots, chunks = _split_evenly(slots, chunks, unit)
+        chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(vec, itemsize))
         shared = chunk_slots * vec * itemsize
         grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks)
         launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, shared,
@@ -618,12 +618,10 @@ def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, st
     if itemsize not in CLUSTER_ITEMSIZES:
         return None
     threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, CACHED_THREADS)
-    unit = _chunk_unit(vec, itemsize)
-    chunk_cap = chunk_cap // unit * unit
     cluster = next((c for c in V.CLUSTER_SIZES if c * chunk_cap >= slots), None)
     if cluster is None or p.rows * cluster < 2 * device.multiprocessors:
         return None  # the cached tier spreads few rows over more blocks
-    chunk_slots = ceil(ceil(slots / cluster) / unit) * unit  # at most chunk_cap, a multiple of unit
+    chunk_slots, _ = _split_evenly(slots, cluster, _chunk_unit(vec, itemsize))  # at most chunk_cap
     launch = Launch(V.cluster_name(p.dtype, p.op, vec, cluster), _work_grid(p.rows * cluster, device), threads,
                     chunk_slots * vec * itemsize, row_args[:6] + ((I64, chunk_slots), (I32, _safe(p))),
                     min_grid=cluster, cut_to_one_wave=False)
