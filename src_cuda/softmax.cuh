@@ -143,18 +143,27 @@ template <int OP, typename T> struct RowFinish {
   ExpMinus<C> exp_over_d;  // exp(x - m) / d
   bool empty, safe;
   PS_DEVICE RowFinish() : m(0), scale(0), log_d(0), exp_over_d(C(0)), empty(true), safe(false) {}
-  PS_DEVICE RowFinish(MD<C> md, bool safe_) : m(md.m), scale(recip_for<T>(md.d)), log_d(log_for<T>(md.d)),
-      exp_over_d(md.m, md.d, log2_for<T>(md.d)), empty(md.m == ps_neg_inf<C>()), safe(safe_) {}
-  PS_DEVICE C operator()(C x) const { return empty ? empty_value() : value(x); }
+  PS_DEVICE RowFinish(MD<C> md, bool safe_)
+      : RowFinish(OP == kSoftmax && safe_ && md.m == ps_neg_inf<C>() ? MD<C>{C(0), -ps_neg_inf<C>()} : md,
+                  md.m == ps_neg_inf<C>(), safe_) {}
+  // An empty row's outputs come out of value() itself, so the loops over a row need no test: with
+  // m = -inf every x - m is NaN (torch's answer, and log_softmax's always); a safe softmax takes
+  // (m, d) = (0, +inf) instead (above), whose exp(x - 0) / inf is 0.
+  PS_DEVICE C operator()(C x) const { return value(x); }
   // A row of all -inf has no softmax: NaN like torch, or 0 when asked to be safe.
   PS_DEVICE C empty_value() const { return (OP == kSoftmax && safe) ? C(0) : ps_nan<C>(); }
-  // The output of x in a row with some value above -inf.
+  // The output of x in a row with some value above -inf, or (above) in an empty row.
   PS_DEVICE C value(C x) const {
     if (OP == kSoftmax) return exp_over_d(x);
     // x - m first (exact near the max): x - (m + log d) would round m + log d to float32, an
     // absolute error of up to half an ulp of m, where the output -log d can be far smaller.
     return (x - m) - log_d;
   }
+
+ private:
+  PS_DEVICE RowFinish(MD<C> md, bool empty_, bool safe_)
+      : m(md.m), scale(recip_for<T>(md.d)), log_d(log_for<T>(md.d)), exp_over_d(md.m, md.d, log2_for<T>(md.d)),
+        empty(empty_), safe(safe_) {}
 };
 
 // ---- one row seen as aligned slots ---------------------------------------
@@ -374,6 +383,56 @@ PS_DEVICE void copy_slot_to_cache(const RowSlots<T, VEC>& rs, i64 k, Vec<T, VEC>
   *at = rs.load_raw(k);
 }
 
+// The slots [begin, end) of a row that a block holds in shared memory, indexed from begin in 32
+// bits (a chunk fits on chip): which of them are whole vectors (all but a row's first and last
+// slot can be), and where local slot 0's elements would start. The loops over a chunk then test a
+// slot with one unsigned compare and address it with one multiply-add, where RowSlots' 64-bit
+// tests and addresses cost about as many instructions a 16-bit slot as its arithmetic.
+template <typename T, int VEC> struct CachedChunk {
+  typedef typename compute_of<T>::type C;
+  const RowSlots<T, VEC>& rs;
+  i64 begin;
+  int n;                  // slots in the chunk
+  int whole_from, whole;  // local slots [whole_from, whole_from + whole) are whole vectors
+  const T* x0;            // element 0 of local slot 0 (dereferenced only for whole slots)
+  T* y0;
+  PS_DEVICE static int clamp(i64 v, int n) { return v < 0 ? 0 : (v > n ? n : static_cast<int>(v)); }
+  PS_DEVICE CachedChunk(const RowSlots<T, VEC>& rs_, i64 begin_, i64 end) : rs(rs_), begin(begin_) {
+    n = end > begin ? static_cast<int>(end - begin) : 0;
+    // slot k is whole when k * VEC >= pad and (k + 1) * VEC <= pad + cols; pad < VEC
+    whole_from = clamp((rs.pad > 0 ? 1 : 0) - begin, n);
+    whole = clamp((rs.pad + rs.cols) / VEC - begin, n) - whole_from;
+    if (whole < 0) whole = 0;
+    const i64 offset = begin * VEC - rs.pad;
+    x0 = rs.x + offset;
+    y0 = rs.y + offset;
+  }
+  PS_DEVICE bool full(int j) const { return static_cast<unsigned>(j - whole_from) < static_cast<unsigned>(whole); }
+  // One slot of the row into its place in the cache: by an asynchronous copy where the vendor has
+  // them and the slot is whole (kAsyncSlots), else through a register.
+  PS_DEVICE void copy_to_cache(int j, Vec<T, VEC>* cache) const {
+#if PS_ASYNC_COPY
+    if constexpr (kAsyncSlots<T, VEC>) {
+      if (full(j)) {
+        async_copy<sizeof(Vec<T, VEC>)>(&cache[j], x0 + j * VEC);
+        return;
+      }
+    }
+#endif
+    cache[j] = rs.load_raw(begin + j);
+  }
+  PS_DEVICE void store(int j, const C* v) const {
+    if (full(j)) {
+      Vec<T, VEC> raw;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) raw.v[e] = from_compute<T>(v[e]);
+      store_vector<true>(y0 + j * VEC, raw);  // built from 32-bit words, nvcc split it into 2-byte stores
+    } else {
+      rs.store(begin + j, v);
+    }
+  }
+};
+
 // This thread's slots of [begin, end) (begin + threadIdx, + blockDim, ...) into the cache as
 // stored (cache[0] is slot begin); with kAsyncSlots, there when it returns (for this thread; for
 // the block's other threads after a barrier). Out-of-row elements read as -inf. `issued`: the
@@ -404,9 +463,10 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
 #if PS_ASYNC_COPY
   if constexpr (kAsyncSlots<T, VEC>) {  // all copies first, then (m, d) from shared memory
     copy_slots_to_cache(rs, begin, end, cache, issued);
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+    const int n = end > begin ? static_cast<int>(end - begin) : 0;
+    for (int j = PS_THREAD_X; j < n; j += PS_BLOCK_DIM_X) {
       C v[VEC];
-      widen(cache[k - begin], v);
+      widen(cache[j], v);
       acc.template push_all<VEC>(v);
     }
     return acc.md();
@@ -426,11 +486,12 @@ template <int OP, typename T, int VEC>
 PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const Vec<T, VEC>* cache,
                                 const RowFinish<OP, T>& f) {
   typedef typename compute_of<T>::type C;
-  for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) {
+  const CachedChunk<T, VEC> chunk(rs, begin, end);
+  for (int j = PS_THREAD_X; j < chunk.n; j += PS_BLOCK_DIM_X) {
     C v[VEC];
-    widen(cache[k - begin], v);
+    widen(cache[j], v);
     finish_slot<OP, T, VEC>(f, v);
-    rs.store(k, v);
+    chunk.store(j, v);
   }
 }
 
@@ -447,15 +508,16 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
     return false;
   } else {
     typedef typename compute_of<T>::type C;
-    const i64 last = end > next_end ? end : next_end;
-    for (i64 k = begin + PS_THREAD_X; k < last; k += PS_BLOCK_DIM_X) {
-      if (k < end) {
+    const CachedChunk<T, VEC> chunk(rs, begin, end), next_chunk(next, begin, next_end);
+    const int last = chunk.n > next_chunk.n ? chunk.n : next_chunk.n;
+    for (int j = PS_THREAD_X; j < last; j += PS_BLOCK_DIM_X) {
+      if (j < chunk.n) {
         C v[VEC];
-        widen(cache[k - begin], v);  // read before the refill below is issued: the store needs it
+        widen(cache[j], v);  // read before the refill below is issued: the store needs it
         finish_slot<OP, T, VEC>(f, v);
-        rs.store(k, v);
+        chunk.store(j, v);
       }
-      if (k < next_end) copy_slot_to_cache(next, k, &cache[k - begin]);
+      if (j < next_chunk.n) next_chunk.copy_to_cache(j, cache);
     }
     return true;
   }
