@@ -145,6 +145,15 @@ def staged_name(dtype: str, op: str) -> str:
     return f"ps_staged_{DTYPES[dtype][0]}_{op}_v{vector_widths(dtype)[1]}"
 
 
+#: lanes a row of the staged tier's groups smaller than a warp (built once, for every warp size)
+STAGED_GROUP_LANES = (4, 8, 16)
+
+
+def staged_group_name(dtype: str, op: str, lanes: int) -> str:
+    """The staged tier with a group of `lanes` lanes a row (fewer than a warp: a warp takes several rows)."""
+    return f"ps_staged_lanes_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
+
+
 def staged_warp_name(dtype: str, op: str, warp: int) -> str:
     """The staged tier with a warp a row: its lanes share the row's words and merge by shuffles."""
     return f"ps_staged_warp_{DTYPES[dtype][0]}_{op}_w{warp}_v{vector_widths(dtype)[1]}"
@@ -172,6 +181,7 @@ def warp_free_names(dtype: str) -> list[str]:
     names = [strided_name(dtype, op) for op in OPS]
     names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in strided_vector_widths(dtype)]
     names += [staged_name(dtype, op) for op in OPS]
+    names += [staged_group_name(dtype, op, lanes) for op in OPS for lanes in STAGED_GROUP_LANES]
     return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
 
 
@@ -220,6 +230,8 @@ def render_source(dtype: str) -> str:
         for vec in strided_vector_widths(dtype):
             out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
+        for lanes in STAGED_GROUP_LANES:
+            out.append(f"PS_STAGED_GROUP_ENTRY({tag}, {ctype}, {op}, {enum}, {lanes}, {vector_widths(dtype)[1]})")
         for cols in packed_cols(dtype):
             out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
     out += _entry_lines(dtype, 32)

@@ -336,15 +336,15 @@ def _rows_fitting(p: RowProblem, device: DeviceProfile, vec: int) -> int:
 
 
 def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
-                 vec: int) -> Plan | None:
-    """The launch of a staged tier taking tile_rows rows a step (None where none fit)."""
+                 vec: int, lanes: int = 1) -> Plan | None:
+    """The launch of a staged tier taking tile_rows rows a step, `lanes` lanes a row (None where none fit)."""
     if tile_rows == 0:
         return None
     shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * V.DTYPES[p.dtype][2]
     launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, _safe(p))),
                     cut_to_one_wave=False)
-    return Plan(tier, (launch,), notes={"vec": vec, "tile_rows": tile_rows})
+    return Plan(tier, (launch,), notes={"vec": vec, "tile_rows": tile_rows, "lanes": lanes})
 
 
 #: where copies are asynchronous: contiguous rows of this many bytes (from, to) and element sizes
@@ -374,11 +374,81 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
             or not _one_span(p, vec)):
         return None
     threads = max(device.warp_size, STAGED_THREADS)
-    warps = threads // device.warp_size
-    wanted = ceil(max(1, round(threads * STAGED_WARP_BYTES_PER_THREAD / row_bytes)) / warps) * warps
-    tile_rows = min(p.rows, wanted, _rows_fitting(p, device, vec) // warps * warps)
     return _staged_plan(p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
-                        tile_rows, vec)
+                        _group_tile_rows(p, device, vec, threads, device.warp_size), vec, device.warp_size)
+
+
+def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int) -> int:
+    """Rows of a step of a staged tier whose rows a group of `lanes` lanes takes: about
+    STAGED_WARP_BYTES_PER_THREAD a thread, a whole number a group (0 where a row a group does not fit)."""
+    groups = threads // lanes
+    wanted = ceil(max(1, round(threads * STAGED_WARP_BYTES_PER_THREAD / (p.cols * V.DTYPES[p.dtype][2]))) / groups)
+    return min(p.rows, wanted * groups, _rows_fitting(p, device, vec) // groups * groups)
+
+
+#: where copies are asynchronous: contiguous rows of the staged warp tier's element sizes that a
+#: group of fewer lanes than a warp takes (V.STAGED_GROUP_LANES, the fewest that qualify), several
+#: rows a warp at once: fewer shuffle steps a row, and those shared by the warp's rows. A group
+#: qualifies where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group
+#: fits STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart,
+#: read no bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
+#: STAGED_SHORT_ROW_BYTES that a thread takes without bank conflicts (not a whole even number of
+#: words: the threads of a warp start on different banks) stay a thread a row. Measured on an H200
+#: (% of the copy, against a thread or a warp a row): 16-bit 100-120 columns (4 lanes) 91-94 ->
+#: 94-97, 160 (8) 83-89 -> 90-92, 201-240 columns (4) 72-90 -> 97-98, 288 (8) 64 -> 99, 300 (4) 66 ->
+#: 100, 320 (16, 10 words a lane) 73 -> 89-92, 383 (16) 76 -> 83-88, 400 (8) 72 -> 98, 513-1001
+#: columns (8 or 16) 83-91 -> 96-99, 1500 (16) 95 -> 97; 90 columns (45 words a row) 100 a thread,
+#: 81-84 with 4 lanes. Where four groups read one bank (8 lanes: 383, 513, 700 and 900 columns)
+#: 71-76; 16 lanes at 8 words a lane 73 against 79 a thread a row (255 columns); rows of 32 KiB a
+#: tile (8 lanes, 1001 columns: 98; 16 lanes, 2048 columns: 94 against 96) or more slower. On an H100
+#: every row measured level or faster (16-bit 176-450 columns 89-97 -> 100-101).
+STAGED_GROUPS = True
+STAGED_GROUP_MIN_WORDS = 10
+STAGED_GROUP_TILE_BYTES = 24 * 1024
+STAGED_GROUP_MAX_WAYS = 2
+#: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
+SHARED_BANKS = 32
+
+
+def staged_bank_ways(p: RowProblem, lanes: int) -> int:
+    """How many lanes of 32 consecutive ones read one bank at once (the worst, over a tile's first
+    rows) where groups of `lanes` lanes take consecutive staged rows, each the word `lanes` words
+    after the last: the warp's groups start at their rows' first whole words (staged_row_in_words)."""
+    itemsize = V.DTYPES[p.dtype][2]
+    groups = SHARED_BANKS // lanes
+    worst = 0
+    for first in range(0, 2 * groups, groups):  # odd-length rows alternate their offsets
+        reads = [0] * SHARED_BANKS
+        for g in range(groups):
+            element = p.x_misalign + (first + g) * p.cols
+            word = -(-element * itemsize // 4)  # the first whole word
+            for lane in range(lanes):
+                reads[(word + lane) % SHARED_BANKS] += 1
+        worst = max(worst, max(reads))
+    return worst
+
+
+def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
+    """Contiguous rows staged through shared memory a group of lanes a row (see STAGED_GROUPS), or None."""
+    itemsize = V.DTYPES[p.dtype][2]
+    row_bytes = p.cols * itemsize
+    vec = V.vector_widths(p.dtype)[1]
+    thread_without_conflicts = row_bytes <= STAGED_SHORT_ROW_BYTES and row_bytes % 8 != 0
+    if (not STAGED_GROUPS or not has_async_copy(device) or itemsize not in STAGED_WARP_ITEMSIZES
+            or row_bytes > STAGED_WARP_ROW_BYTES[1] or not _one_span(p, vec) or thread_without_conflicts):
+        return None
+    threads = max(device.warp_size, STAGED_THREADS)
+    for lanes in V.STAGED_GROUP_LANES:
+        if (lanes >= device.warp_size or row_bytes < 4 * lanes * STAGED_GROUP_MIN_WORDS
+                or threads // lanes * row_bytes > STAGED_GROUP_TILE_BYTES
+                or staged_bank_ways(p, lanes) > STAGED_GROUP_MAX_WAYS):
+            continue
+        tile_rows = _group_tile_rows(p, device, vec, threads, lanes)
+        if tile_rows == 0:  # a row a group does not fit a block's shared memory
+            continue
+        return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,
+                            tile_rows, vec, lanes)
+    return None
 
 
 #: threads per block of the packed tier (its launch bound is 256)
@@ -500,7 +570,7 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    for tier in (_plan_packed, _plan_staged, _plan_staged_warp):
+    for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
         the_plan = tier(p, device)
         if the_plan is not None:
             return the_plan

@@ -630,6 +630,8 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
 
 // 32-bit banks of shared memory (NVIDIA, and AMD's LDS)
 const int kSharedBanks = 32;
+// No warp is narrower: a group of fewer lanes shares its warp with other groups.
+const int kNarrowestWarp = 32;
 
 // f(k) for the words k of a row that this thread takes: with LANES > 1, lanes of a group take
 // every LANES-th word (neighbouring lanes, neighbouring banks); with one thread a row, in order
@@ -699,8 +701,11 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   }
   m = max_over_lanes<LANES>(m);
   C d = C(0);
-  if (m != ps_neg_inf<C>()) {  // the same in every lane of the row
-    const ExpMinus<C> exp_minus(m);
+  // The sum of exps: an empty row's is 0. Groups that share a warp take other rows (or none),
+  // and shuffles need every lane of the warp, so those take no branch on their row: an empty
+  // row's exps are taken about 0, where every value's exp is 0.
+  auto sum_exps = [&](C about) {
+    const ExpMinus<C> exp_minus(about);
     if (leader) d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
     for_each_word_from<LANES>(start, words, [&](int k) {
       widen(read_word(word + k), v);
@@ -708,6 +713,11 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
       for (int j = 0; j < G; ++j) d += exp_minus(v[j]);
     });
     d = sum_over_lanes<LANES>(d);
+  };
+  if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
+    sum_exps(m == ps_neg_inf<C>() ? C(0) : m);
+  } else if (m != ps_neg_inf<C>()) {  // the same in every lane of the row
+    sum_exps(m);
   }
   MD<C> md = {m, d};
   const RowFinish<OP, T> f(md, safe);
@@ -750,15 +760,27 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     const int n = static_cast<int>(cols);
     // Rows an even number of words long start each thread at a different word (for_each_word_from).
     const bool skew = LANES == 1 && n * static_cast<int>(sizeof(T)) % 8 == 0;
-    // r is the same in every lane of a group: the group's shuffles see all of its lanes.
-    for (int r = PS_THREAD_X / LANES; r < count; r += PS_BLOCK_DIM_X / LANES) {
-      T* row = tile + r * n;
-      // float-computed rows of up to 8 elements are taken into registers once: one read of
-      // shared memory and one exp an element instead of three reads and two. n is the block's.
-      if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
-        staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
-      } else {
-        staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
+    if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
+      // Groups that share a warp: every thread of the block runs the same count of steps (a
+      // group past the tile's last row takes an empty one), so that a warp's groups reach their
+      // shuffles together.
+      const int groups = PS_BLOCK_DIM_X / LANES;
+      for (int first_row = 0; first_row < count; first_row += groups) {
+        const int r = first_row + static_cast<int>(PS_THREAD_X / LANES);
+        const bool live = r < count;
+        staged_row_in_words<OP, T, LANES>(tile + (live ? r : 0) * n, live ? n : 0, -1, safe != 0);
+      }
+    } else {
+      // r is the same in every lane of a group: the group's shuffles see all of its lanes.
+      for (int r = PS_THREAD_X / LANES; r < count; r += PS_BLOCK_DIM_X / LANES) {
+        T* row = tile + r * n;
+        // float-computed rows of up to 8 elements are taken into registers once: one read of
+        // shared memory and one exp an element instead of three reads and two. n is the block's.
+        if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
+          staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
+        } else {
+          staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
+        }
       }
     }
     PS_SYNC();
@@ -1305,6 +1327,16 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
     ps::staged_rows<T, OP, V, W>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
+
+// The staged tier with a group of L lanes a row, fewer than a warp.
+#define PS_STAGED_GROUP_ENTRY(DT, T, OPN, OP, L, V)                                                  \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \
+  ps_staged_lanes_##DT##_##OPN##_l##L##_v##V(                                                        \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kPackedThreads) ps_packed_##DT##_##OPN##_c##C##_v##V(        \

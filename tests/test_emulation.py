@@ -433,9 +433,11 @@ STAGED_WHERE_ASYNC = {"float32": (20, 36, 65, 80), "float16": (24, 64, 72, 127, 
 
 
 @pytest.mark.parametrize("dtype", STAGED_WHERE_ASYNC)
-def test_staged_rows_of_the_asynchronous_planner(async_library, async_planner, rng, dtype):
-    """The planner as it runs on NVIDIA sm_80 and newer sends these rows to the staged tier; 70
-    rows a tile, so that threads of both warps start rows at every word offset."""
+def test_staged_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype):
+    """The planner as it runs on NVIDIA sm_80 and newer sends these rows to the staged tier (where
+    groups of lanes do not take them); 70 rows a tile, so that threads of both warps start rows at
+    every word offset."""
+    monkeypatch.setattr(planner, "STAGED_GROUPS", False)
     # a block's shared memory at least as large as an H100's default
     runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=64 * 1024,
                               shared_mem_per_block_optin=64 * 1024, shared_mem_per_multiprocessor=128 * 1024)
@@ -453,9 +455,11 @@ STAGED_WARP_WHERE_ASYNC = {"float16": (288, 300, 777, 1001, 4000), "bfloat16": (
 
 
 @pytest.mark.parametrize("dtype", STAGED_WARP_WHERE_ASYNC)
-def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_planner, rng, dtype):
-    """The staged tier with a warp a row, at warp 32 and 64, as the sm_80+ planner sends rows to it;
-    37 rows, so that the last tile is partial and the special rows fall in the first one."""
+def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype):
+    """The staged tier with a warp a row, at warp 32 and 64, as the sm_80+ planner sends rows to it
+    (where groups of lanes do not take them); 37 rows, so that the last tile is partial and the
+    special rows fall in the first one."""
+    monkeypatch.setattr(planner, "STAGED_GROUPS", False)
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
@@ -465,6 +469,34 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
                 assert _tier(runtime, x, 1, op, safe) == "staged_warp", (warp, dtype, cols)
                 got = run_host_array(runtime, x, 1, op, safe)
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} staged_warp")
+
+
+#: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB
+STAGED_GROUP_ROWS = {"float16": (288, 300, 777, 1001), "bfloat16": (383, 512, 601)}
+
+
+@pytest.mark.parametrize("lanes", V.STAGED_GROUP_LANES)
+@pytest.mark.parametrize("dtype", STAGED_GROUP_ROWS)
+def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype, lanes):
+    """The staged tier with a group of fewer lanes than a warp a row, at warp 32 and 64: a warp's
+    groups take different rows (an empty one beside full ones among the special rows), and groups
+    past the last row of a partial tile take none while the others shuffle."""
+    # this group size wherever a row a group fits, whatever its banks
+    monkeypatch.setattr(V, "STAGED_GROUP_LANES", (lanes,))
+    monkeypatch.setattr(planner, "STAGED_GROUP_MIN_WORDS", 0)
+    monkeypatch.setattr(planner, "STAGED_GROUP_MAX_WAYS", 32)
+    monkeypatch.setattr(planner, "STAGED_GROUP_TILE_BYTES", 1 << 20)
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
+                                  shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
+        for cols in STAGED_GROUP_ROWS[dtype]:
+            if planner.STAGED_THREADS // lanes * cols * 2 > 48 * 1024 - 32:
+                continue  # a row a group does not fit a tile: other tiers take these rows
+            x = _inputs(rng, (37, cols), dtype)
+            for op, safe in OP_CASES:
+                assert _tier(runtime, x, 1, op, safe) == "staged_group", (warp, dtype, cols)
+                got = run_host_array(runtime, x, 1, op, safe)
+                assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} {lanes} lanes")
 
 
 def _every_tier_matches_the_reference(runtime, rng, dtype):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from portable_softmax import _variants as V
+from portable_softmax import planner
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
     CHUNK_ALIGN_BYTES,
@@ -52,12 +53,14 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert 0 < launch.grid <= device.max_grid_x
             static = 2 * (1024 // device.warp_size) * 8
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
-        if p.tier in ("staged", "staged_warp"):  # a step's span of rows fits the shared memory it asks for
+        if p.tier in ("staged", "staged_warp", "staged_group"):  # a step's span fits the shared memory it asks for
             (launch,) = p.launches
-            tile_rows = p.notes["tile_rows"]
-            owners = launch.block // (device.warp_size if p.tier == "staged_warp" else 1)
-            assert tile_rows >= min(rows, owners), "every thread (or warp) owns a row"
-            assert tile_rows == rows or tile_rows % owners == 0, "every thread (or warp) takes whole rows"
+            tile_rows, lanes = p.notes["tile_rows"], p.notes["lanes"]
+            assert lanes == {"staged": 1, "staged_warp": device.warp_size}.get(p.tier, lanes)
+            assert p.tier != "staged_group" or launch.kernel == V.staged_group_name(dtype, op, lanes)
+            owners = launch.block // lanes
+            assert tile_rows >= min(rows, owners), "every thread (or group of lanes) owns a row"
+            assert tile_rows == rows or tile_rows % owners == 0, "every thread (or group) takes whole rows"
             assert launch.shared_mem >= tile_rows * cols * V.DTYPES[dtype][2] + misalign * V.DTYPES[dtype][2]
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
@@ -85,7 +88,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
     if has_async_copy(device) and V.DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
-        expected.add("staged_warp")
+        expected |= {"staged_warp", "staged_group"}
     clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
     assert tiers == expected | ({"cluster"} if clusters else set())
 
@@ -96,8 +99,18 @@ def test_tiny_rows_pack_several_rows_per_warp(device):
     assert p.tier == "warp" and "_l2_s1_v4" in p.launches[0].kernel  # 2 lanes x 4 floats per row
 
 
+@pytest.fixture
+def knobs(monkeypatch):
+    """monkeypatch for planner knobs: plans are cached, so none made under changed knobs outlives the test."""
+    plan.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    plan.cache_clear()
+
+
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_contiguous_short_rows_are_staged_as_one_span(device):
+def test_contiguous_short_rows_are_staged_as_one_span(device, knobs):
+    knobs.setattr(planner, "STAGED_GROUPS", False)  # the tiers as they are where groups of lanes do not take rows
     for cols in (5, 7, 100):
         p = plan(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
         assert p.tier == "staged" and p.notes["vec"] == 8  # any common offset: 16-byte vectors
@@ -131,6 +144,53 @@ def test_contiguous_short_rows_are_staged_as_one_span(device):
         assert (tier_of(dtype, cols) == "staged_warp") == copies_async, (dtype, cols)
     assert tier_of("float32", 1000) != "staged_warp" and tier_of("float64", 300) != "staged_warp"
     assert tier_of("float16", 4096) == "block"  # 8 KiB
+
+
+def test_bank_ways_of_groups_taking_consecutive_rows():
+    """Groups of a warp start at their rows' first whole words; counted by hand from the row length in words."""
+    def ways(cols: int, lanes: int, misalign: int = 0) -> int:
+        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols, x_misalign=misalign), lanes)
+
+    assert ways(288, 8) == 2  # rows 144 words apart: groups on banks 0, 16, 0, 16
+    assert ways(400, 8) == 1  # 200 words: 0, 8, 16, 24
+    assert ways(700, 8) == 4  # 350 words: 0, 30, 28, 26, all four over banks 0 and 1
+    assert ways(320, 4) == 8  # 160 words: every group on the same banks
+    assert ways(320, 16) == 2
+    assert ways(383, 8) == 4 and ways(383, 16) == 2  # 191.5 words: 0, 192, 383, 575 -> 0, 0, 31, 31
+    assert ways(300, 4) == 2 and ways(300, 4, misalign=1) == 2
+    # float32, 100 words: groups on banks 0, 4, ..., 28, each on its own four
+    assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
+    """Where copies are asynchronous, 16-bit rows take the fewest lanes a row (of 4, 8, 16) whose lanes
+    get STAGED_GROUP_MIN_WORDS words each, whose tile of a row a group fits STAGED_GROUP_TILE_BYTES
+    and whose warp reads no bank more than twice at once; other rows, and short rows that threads
+    take without bank conflicts, keep their tiers."""
+    def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
+        p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
+        return p.tier, p.notes.get("lanes")
+
+    if not has_async_copy(device):
+        assert all(chosen("float16", c)[0] != "staged_group" for c in (100, 288, 300, 513, 1001))
+        return
+    assert chosen("float16", 100) == ("staged_group", 4)  # 50 words: 12.5 a lane
+    assert chosen("float16", 300) == ("staged_group", 4)  # 4 lanes: 2 ways
+    assert chosen("bfloat16", 288) == ("staged_group", 8)  # 4 lanes: 4 ways; 8 lanes: 2
+    assert chosen("float16", 400) == ("staged_group", 8)  # 4 lanes: 32 rows of 800 bytes a tile, over 24 KiB
+    assert chosen("float16", 700) == ("staged_group", 16)  # 8 lanes: 4 ways
+    assert chosen("float16", 1500) == ("staged_group", 16)  # 8 rows of 3000 bytes
+    assert chosen("float16", 320) == ("staged_group", 16)  # 160 words: 4 and 8 lanes all on the same banks
+    assert chosen("float16", 160) == ("staged_group", 8)  # 80 words: 4 lanes 4 ways
+    assert chosen("float16", 90)[0] == "staged"  # 45 words a row: a thread a row meets no bank conflicts
+    assert chosen("float16", 92) == ("staged_group", 4)  # 46 words: threads would share banks
+    assert chosen("float16", 76)[0] == "staged"  # 38 words: under 10 a lane even with 4 lanes
+    assert chosen("float16", 255)[0] == "staged"  # 4 and 8 lanes: 8 and 4 ways; 16 lanes: 8 words a lane
+    assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
+    assert chosen("float32", 300)[0] != "staged_group"  # 16-bit rows only (STAGED_WARP_ITEMSIZES)
+    padded = plan(RowProblem("float16", "softmax", 1 << 20, 300, x_stride=304, y_stride=304), device)
+    assert padded.tier != "staged_group"  # rows that are not one span
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
