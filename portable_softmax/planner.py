@@ -392,16 +392,16 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
 #: qualifies where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group
 #: fits STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart,
 #: read no bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
-#: STAGED_SHORT_ROW_BYTES that a thread takes without bank conflicts (not a whole even number of
-#: words: the threads of a warp start on different banks) stay a thread a row. Measured on an H200
-#: (% of the copy, against a thread or a warp a row): 16-bit 100-120 columns (4 lanes) 91-94 ->
-#: 94-97, 160 (8) 83-89 -> 90-92, 201-240 columns (4) 72-90 -> 97-98, 288 (8) 64 -> 99, 300 (4) 66 ->
-#: 100, 320 (16, 10 words a lane) 73 -> 89-92, 383 (16) 76 -> 83-88, 400 (8) 72 -> 98, 513-1001
-#: columns (8 or 16) 83-91 -> 96-99, 1500 (16) 95 -> 97; 90 columns (45 words a row) 100 a thread,
-#: 81-84 with 4 lanes. Where four groups read one bank (8 lanes: 383, 513, 700 and 900 columns)
-#: 71-76; 16 lanes at 8 words a lane 73 against 79 a thread a row (255 columns); rows of 32 KiB a
-#: tile (8 lanes, 1001 columns: 98; 16 lanes, 2048 columns: 94 against 96) or more slower. On an H100
-#: every row measured level or faster (16-bit 176-450 columns 89-97 -> 100-101).
+#: STAGED_SHORT_ROW_BYTES stay a thread a row. Measured on an H200 (% of the copy, against a thread
+#: or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160 (8) 82-89 -> 90-92, 176-240
+#: columns (4) 71-94 -> 95-98, 288 (8) 68 -> 98-99, 300 (4) 69 -> 99, 320 (16, 10 words a lane) 74
+#: -> 89-93, 383 (16) 75 -> 83-85, 400-500 (8) 67-84 -> 92-99, 513-1001 columns (8 or 16) 85-93 ->
+#: 96-99, 1500 (16) 94-96 -> 98. Rows of up to 256 bytes measured 91-100 a thread a row and,
+#: with 4 lanes, from 8 points slower (92 columns, 84-88) to 6 faster (120 columns). Where four
+#: groups read one bank (8 lanes: 383, 513, 700 and 900 columns) 71-76; 16 lanes at 8 words a lane
+#: 73 against 79 a thread a row (255 columns); rows of 32 KiB a tile (8 lanes, 1001 columns: 98; 16
+#: lanes, 2048 columns: 94 against 96) or more slower. On an H100 every row measured level or
+#: faster (16-bit 176-450 columns 89-97 -> 100-101).
 STAGED_GROUPS = True
 STAGED_GROUP_MIN_WORDS = 10
 STAGED_GROUP_TILE_BYTES = 24 * 1024
@@ -433,9 +433,8 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
-    thread_without_conflicts = row_bytes <= STAGED_SHORT_ROW_BYTES and row_bytes % 8 != 0
     if (not STAGED_GROUPS or not has_async_copy(device) or itemsize not in STAGED_WARP_ITEMSIZES
-            or row_bytes > STAGED_WARP_ROW_BYTES[1] or not _one_span(p, vec) or thread_without_conflicts):
+            or not STAGED_SHORT_ROW_BYTES < row_bytes <= STAGED_WARP_ROW_BYTES[1] or not _one_span(p, vec)):
         return None
     threads = max(device.warp_size, STAGED_THREADS)
     for lanes in V.STAGED_GROUP_LANES:
