@@ -386,7 +386,7 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
     return min(p.rows, wanted * groups, _rows_fitting(p, device, vec) // groups * groups)
 
 
-#: where copies are asynchronous: contiguous rows of the staged warp tier's element sizes that a
+#: where copies are asynchronous: contiguous rows of up to STAGED_GROUP_MAX_ROW_BYTES that a
 #: group of fewer lanes than a warp takes (V.STAGED_GROUP_LANES, the fewest that qualify), several
 #: rows a warp at once: fewer shuffle steps a row, and those shared by the warp's rows. A group
 #: qualifies where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group
@@ -403,6 +403,11 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
 #: lanes, 2048 columns: 94 against 96) or more slower. On an H100 every row measured level or
 #: faster (16-bit 176-450 columns 89-97 -> 100-101).
 STAGED_GROUPS = True
+#: bytes an element -> the longest row (bytes) groups take. float32, against the register and
+#: staged tiers (% of the copy): H200 67-150 columns 90-98 -> 99-100 (100 columns softmax 90 ->
+#: 100), 200-700 columns 98-101 -> 97-100 (383 columns 1-3 slower); H100 level or faster (80
+#: columns 98 -> 101).
+STAGED_GROUP_MAX_ROW_BYTES = {2: 8000, 4: 600}
 STAGED_GROUP_MIN_WORDS = 10
 STAGED_GROUP_TILE_BYTES = 24 * 1024
 STAGED_GROUP_MAX_WAYS = 2
@@ -433,8 +438,9 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
     vec = V.vector_widths(p.dtype)[1]
-    if (not STAGED_GROUPS or not has_async_copy(device) or itemsize not in STAGED_WARP_ITEMSIZES
-            or not STAGED_SHORT_ROW_BYTES < row_bytes <= STAGED_WARP_ROW_BYTES[1] or not _one_span(p, vec)):
+    if (not STAGED_GROUPS or not has_async_copy(device)
+            or not STAGED_SHORT_ROW_BYTES < row_bytes <= STAGED_GROUP_MAX_ROW_BYTES.get(itemsize, 0)
+            or not _one_span(p, vec)):
         return None
     threads = max(device.warp_size, STAGED_THREADS)
     for lanes in V.STAGED_GROUP_LANES:

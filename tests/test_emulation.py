@@ -472,7 +472,7 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
 
 
 #: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB
-STAGED_GROUP_ROWS = {"float16": (288, 300, 777, 1001), "bfloat16": (383, 512, 601)}
+STAGED_GROUP_ROWS = {"float16": (288, 300, 777, 1001), "bfloat16": (383, 512, 601), "float32": (67, 100, 150)}
 
 
 @pytest.mark.parametrize("lanes", V.STAGED_GROUP_LANES)
@@ -490,7 +490,7 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
         for cols in STAGED_GROUP_ROWS[dtype]:
-            if planner.STAGED_THREADS // lanes * cols * 2 > 48 * 1024 - 32:
+            if planner.STAGED_THREADS // lanes * cols * V.DTYPES[dtype][2] > 48 * 1024 - 32:
                 continue  # a row a group does not fit a tile: other tiers take these rows
             x = _inputs(rng, (37, cols), dtype)
             for op, safe in OP_CASES:

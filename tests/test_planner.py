@@ -88,7 +88,9 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
     if has_async_copy(device) and V.DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
-        expected |= {"staged_warp", "staged_group"}
+        expected.add("staged_warp")
+    if has_async_copy(device) and V.DTYPES[dtype][2] in planner.STAGED_GROUP_MAX_ROW_BYTES:
+        expected.add("staged_group")
     clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
     assert tiers == expected | ({"cluster"} if clusters else set())
 
@@ -164,10 +166,10 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
-    """Where copies are asynchronous, 16-bit rows take the fewest lanes a row (of 4, 8, 16) whose lanes
-    get STAGED_GROUP_MIN_WORDS words each, whose tile of a row a group fits STAGED_GROUP_TILE_BYTES
-    and whose warp reads no bank more than twice at once; other rows, and rows of up to
-    STAGED_SHORT_ROW_BYTES, keep their tiers."""
+    """Where copies are asynchronous, 16-bit rows and float32 rows of up to 600 bytes take the fewest
+    lanes a row (of 4, 8, 16) whose lanes get STAGED_GROUP_MIN_WORDS words each, whose tile of a row
+    a group fits STAGED_GROUP_TILE_BYTES and whose warp reads no bank more than twice at once; other
+    rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
         p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
@@ -186,7 +188,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert {chosen("float16", c)[0] for c in (90, 92, 100, 128)} == {"staged"}  # up to 256 bytes: a thread a row
     assert chosen("float16", 255)[0] == "staged"  # 4 and 8 lanes: 8 and 4 ways; 16 lanes: 8 words a lane
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
-    assert chosen("float32", 300)[0] != "staged_group"  # 16-bit rows only (STAGED_WARP_ITEMSIZES)
+    assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
+    assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
+    assert chosen("float64", 50)[0] != "staged_group"
     padded = plan(RowProblem("float16", "softmax", 1 << 20, 300, x_stride=304, y_stride=304), device)
     assert padded.tier != "staged_group"  # rows that are not one span
 
