@@ -472,8 +472,10 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} staged_warp")
 
 
-#: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB
-STAGED_GROUP_ROWS = {"float16": (288, 300, 777, 1001), "bfloat16": (383, 512, 601), "float32": (67, 100, 150)}
+#: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB, and rows of a power-of-two
+#: number of 16-byte slots (a padded tile: 16-bit 256, 512 and 1024 columns, float32 128)
+STAGED_GROUP_ROWS = {"float16": (256, 288, 300, 512, 777, 1001), "bfloat16": (383, 512, 601, 1024),
+                     "float32": (67, 100, 128, 150)}
 
 
 @pytest.mark.parametrize("lanes", V.STAGED_GROUP_LANES)
@@ -491,13 +493,23 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
         for cols in STAGED_GROUP_ROWS[dtype]:
-            if planner.STAGED_THREADS // lanes * cols * V.DTYPES[dtype][2] > 48 * 1024 - 32:
+            if planner.STAGED_THREADS // lanes * (cols * V.DTYPES[dtype][2] + 16) > 48 * 1024 - 32:
                 continue  # a row a group does not fit a tile: other tiers take these rows
             x = _inputs(rng, (37, cols), dtype)
+            vec = V.vector_widths(dtype)[1]
+            row_slots = cols * V.DTYPES[dtype][2] // 16
+            power_of_two = cols % vec == 0 and row_slots & (row_slots - 1) == 0
             for op, safe in OP_CASES:
                 assert _tier(runtime, x, 1, op, safe) == "staged_group", (warp, dtype, cols)
                 got = run_host_array(runtime, x, 1, op, safe)
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} {lanes} lanes")
+                if power_of_two:  # the same rows in a tile padded by a slot a row
+                    problem = RowProblem(dtype, op, 37, cols, safe=safe)
+                    padded = planner._plan_groups_at(problem, runtime.profile(0), vec, cols + vec,
+                                                     row_slots.bit_length() - 1)
+                    assert padded.notes["row_shift"] >= 0 and padded.notes["lanes"] == lanes
+                    got = runtime.run_plan(x, padded)
+                    assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} padded")
 
 
 def _every_tier_matches_the_reference(runtime, rng, dtype):

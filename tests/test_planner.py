@@ -160,6 +160,9 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
     assert ways(320, 16) == 2
     assert ways(383, 8) == 4 and ways(383, 16) == 2  # 191.5 words: 0, 192, 383, 575 -> 0, 0, 31, 31
     assert ways(300, 4) == 2 and ways(300, 4, misalign=1) == 2
+    # padded by a 16-byte slot: 256 columns 132 words apart, groups on banks 0, 4, ..., 28
+    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8
+    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4, 264) == 1
     # float32, 100 words: groups on banks 0, 4, ..., 28, each on its own four
     assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
 
@@ -185,9 +188,21 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert chosen("float16", 1500) == ("staged_group", 16)  # 8 rows of 3000 bytes
     assert chosen("float16", 320) == ("staged_group", 16)  # 160 words: 4 and 8 lanes all on the same banks
     assert chosen("float16", 160) == ("staged_group", 8)  # 80 words: 4 lanes 4 ways
-    assert {chosen("float16", c)[0] for c in (90, 92, 100, 128)} == {"staged"}  # up to 256 bytes: a thread a row
+    assert {chosen("float16", c)[0] for c in (64, 90, 92, 100)} == {"staged"}  # up to 256 bytes: a thread a row
     assert chosen("float16", 255)[0] == "staged"  # 4 and 8 lanes: 8 and 4 ways; 16 lanes: 8 words a lane
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
+    # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
+    p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
+    assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 5)  # 32 slots
+    assert p.launches[0].shared_mem >= p.notes["tile_rows"] * (256 + 8) * 2
+    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0)]
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
+    misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
+    assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
+    assert chosen("float16", 64)[0] == "staged"  # padded rows of up to 128 bytes stay a thread a row
+    assert chosen("float32", 128)[0] == "warp"  # float32 rows are not padded
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
     assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
     assert chosen("float64", 50)[0] != "staged_group"
