@@ -396,22 +396,22 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
     return min(p.rows, wanted * groups, _rows_fitting(p, device, vec, stride) // groups * groups)
 
 
-#: where copies are asynchronous: contiguous rows of up to STAGED_GROUP_MAX_ROW_BYTES that a
-#: group of fewer lanes than a warp takes (V.STAGED_GROUP_LANES, the fewest that qualify), several
-#: rows a warp at once: fewer shuffle steps a row, and those shared by the warp's rows. A group
-#: qualifies where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group
-#: fits STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart,
-#: read no bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
-#: STAGED_SHORT_ROW_BYTES stay a thread a row. Measured on an H200 (% of the copy, against a thread
-#: or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160 (8) 82-89 -> 90-92, 176-240
-#: columns (4) 71-94 -> 95-98, 288 (8) 68 -> 98-99, 300 (4) 69 -> 99, 320 (16, 10 words a lane) 74
-#: -> 89-93, 383 (16) 75 -> 83-85, 400-500 (8) 67-84 -> 92-99, 513-1001 columns (8 or 16) 85-93 ->
-#: 96-99, 1500 (16) 94-96 -> 98. Rows of up to 256 bytes measured 91-100 a thread a row and,
-#: with 4 lanes, from 8 points slower (92 columns, 84-88) to 6 faster (120 columns). Where four
-#: groups read one bank (8 lanes: 383, 513, 700 and 900 columns) 71-76; 16 lanes at 8 words a lane
-#: 73 against 79 a thread a row (255 columns); rows of 32 KiB a tile (8 lanes, 1001 columns: 98; 16
-#: lanes, 2048 columns: 94 against 96) or more slower. On an H100 every row measured level or
-#: faster (16-bit 176-450 columns 89-97 -> 100-101).
+#: where copies are asynchronous: contiguous rows of up to STAGED_GROUP_MAX_ROW_BYTES that a group
+#: of fewer lanes than a warp takes (V.STAGED_GROUP_LANES, the fewest that qualify), several rows a
+#: warp at once: fewer shuffle steps a row, and those shared by the warp's rows. A group qualifies
+#: where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group fits
+#: STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart, read no
+#: bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
+#: STAGED_SHORT_ROW_BYTES stay a thread a row (but for padded ones, below). Measured on an H200 (%
+#: of the copy, against a thread or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160
+#: (8) 82-89 -> 90-92, 176-240 columns (4) 71-94 -> 95-98, 288 (8) 68 -> 98-99, 300 (4) 69 -> 99,
+#: 320 (16, 10 words a lane) 74 -> 89-93, 383 (16) 75 -> 83-85, 400-500 (8) 67-84 -> 92-99, 513-1001
+#: columns (8 or 16) 85-93 -> 96-99, 1500 (16) 94-96 -> 98. Rows of up to 256 bytes measured 91-100
+#: a thread a row and, with 4 lanes, from 8 points slower (92 columns, 84-88) to 6 faster (120
+#: columns). Where four groups read one bank (8 lanes: 383, 513, 700 and 900 columns) 71-76; 16
+#: lanes at 8 words a lane 73 against 79 a thread a row (255 columns); rows of 32 KiB a tile (8
+#: lanes, 1001 columns: 98; 16 lanes, 2048 columns: 94 against 96) or more slower. On an H100 every
+#: row measured level or faster (16-bit 176-450 columns 89-97 -> 100-101).
 STAGED_GROUPS = True
 #: bytes an element -> the longest row (bytes) groups take. float32, against the register and
 #: staged tiers (% of the copy): H200 67-150 columns 90-98 -> 99-100 (100 columns softmax 90 ->
@@ -425,7 +425,7 @@ STAGED_GROUP_MAX_WAYS = 2
 #: groups of a warp start on the same banks), of these element sizes and longer than
 #: STAGED_GROUP_PADDED_MIN_ROW_BYTES, the span aligned, that no group takes as they lie, take a slot
 #: of padding after each row in the tile. Measured on an H200 (% of the copy, against the tiers
-#: before): 16-bit 128 columns (4 lanes) 87-92 -> 92-94, 256 columns (4) 78-83 -> 95-96; where an
+#: before): 16-bit 128 columns (4 lanes) 85-92 -> 92-94, 256 columns (4) 78-83 -> 95-96; where an
 #: unpadded group qualifies (16 lanes at 512 and 1024 columns) padded groups were 1-2 points
 #: slower, and float32 128 columns (the register tier's lanes each a whole vector) 99-100 -> 96-97.
 STAGED_GROUP_PADDED_ITEMSIZES = (2,)
