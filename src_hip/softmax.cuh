@@ -632,6 +632,9 @@ template <typename W> PS_DEVICE W read_word(const W* at) {
 const int kSharedBanks = 32;
 // No warp is narrower: a group of fewer lanes shares its warp with other groups.
 const int kNarrowestWarp = 32;
+// Groups of LANES lanes that share a warp: they take other rows (or none), and must still reach the
+// warp's shuffles together.
+template <int LANES> constexpr bool kGroupsShareWarp = LANES > 1 && LANES < kNarrowestWarp;
 
 // f(k) for the words k of a row that this thread takes: with LANES > 1, lanes of a group take
 // every LANES-th word (neighbouring lanes, neighbouring banks); with one thread a row, in order
@@ -714,7 +717,7 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
     });
     d = sum_over_lanes<LANES>(d);
   };
-  if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
+  if constexpr (kGroupsShareWarp<LANES>) {
     sum_exps(m == ps_neg_inf<C>() ? C(0) : m);
   } else if (m != ps_neg_inf<C>()) {  // the same in every lane of the row
     sum_exps(m);
@@ -754,21 +757,17 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
   // Groups sharing a warp (below) may take rows of 2^row_shift whole slots (row_shift >= 0, the span
   // aligned) with a slot of padding after each row in the tile: rows a whole number of 128-byte
   // lines long would otherwise start every group of a warp on the same banks.
-  const bool padded = LANES > 1 && LANES < kNarrowestWarp && row_shift >= 0;
+  const bool padded = kGroupsShareWarp<LANES> && row_shift >= 0;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
     const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
-    if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
-      if (padded) {
-        for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
-          copy_slot_to_cache(span, k, &cache[k + (k >> row_shift)]);
-        }
-#if PS_ASYNC_COPY
-        if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
-#endif
-      } else {
-        copy_slots_to_cache(span, 0, span.slots, cache);
+    if (padded) {
+      for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
+        copy_slot_to_cache(span, k, &cache[k + (k >> row_shift)]);
       }
+#if PS_ASYNC_COPY
+      if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
+#endif
     } else {
       copy_slots_to_cache(span, 0, span.slots, cache);
     }
@@ -778,7 +777,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     const int n = static_cast<int>(cols);
     // Rows an even number of words long start each thread at a different word (for_each_word_from).
     const bool skew = LANES == 1 && n * static_cast<int>(sizeof(T)) % 8 == 0;
-    if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
+    if constexpr (kGroupsShareWarp<LANES>) {
       // Groups that share a warp: every thread of the block runs the same count of steps (a
       // group past the tile's last row takes an empty one), so that a warp's groups reach their
       // shuffles together.
@@ -803,12 +802,8 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       }
     }
     PS_SYNC();
-    if constexpr (LANES > 1 && LANES < kNarrowestWarp) {
-      for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
-        span.store_raw(k, cache[padded ? k + (k >> row_shift) : k]);
-      }
-    } else {
-      for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) span.store_raw(k, cache[k]);
+    for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
+      span.store_raw(k, cache[padded ? k + (k >> row_shift) : k]);
     }
     PS_SYNC();  // the next span reuses the tile
   }
