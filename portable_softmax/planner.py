@@ -343,7 +343,7 @@ def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, t
     the tile, or -1."""
     if tile_rows == 0:
         return None
-    stride = p.cols + (vec if row_shift is not None and row_shift >= 0 else 0)
+    stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
     shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
     shift = () if row_shift is None else ((I32, row_shift),)
     launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
@@ -385,6 +385,12 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
     threads = max(device.warp_size, STAGED_THREADS)
     return _staged_plan(p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
                         _group_tile_rows(p, device, vec, threads, device.warp_size), vec, device.warp_size)
+
+
+def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
+    """Elements from a staged row's start to the next row's in the tile: the row length, and a slot
+    more where the tile is padded (row_shift >= 0)."""
+    return p.cols + vec if row_shift >= 0 else p.cols
 
 
 def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int,
@@ -463,18 +469,19 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
         return None
     the_plan = None
     if row_bytes > STAGED_SHORT_ROW_BYTES:
-        the_plan = _plan_groups_at(p, device, vec, p.cols, -1)
+        the_plan = _plan_groups_at(p, device, vec, -1)
     row_slots = row_bytes // 16
     if (the_plan is None and itemsize in STAGED_GROUP_PADDED_ITEMSIZES and row_bytes > STAGED_GROUP_PADDED_MIN_ROW_BYTES
             and p.x_misalign == 0 and row_bytes % 16 == 0 and row_slots & (row_slots - 1) == 0):
-        the_plan = _plan_groups_at(p, device, vec, p.cols + vec, row_slots.bit_length() - 1)
+        the_plan = _plan_groups_at(p, device, vec, row_slots.bit_length() - 1)
     return the_plan
 
 
-def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, stride: int, row_shift: int) -> Plan | None:
-    """The staged group plan with the fewest lanes that qualify, for rows `stride` elements apart in
-    the tile (padded by a slot where row_shift >= 0), or None."""
+def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: int) -> Plan | None:
+    """The staged group plan with the fewest lanes that qualify, for rows padded by a slot in the
+    tile where row_shift >= 0, or None."""
     itemsize = V.DTYPES[p.dtype][2]
+    stride = _tile_stride(p, vec, row_shift)
     threads = max(device.warp_size, STAGED_THREADS)
     for lanes in V.STAGED_GROUP_LANES:
         if (lanes >= device.warp_size or p.cols * itemsize < 4 * lanes * STAGED_GROUP_MIN_WORDS
