@@ -704,9 +704,13 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 #: one wave of resident clusters looping over rows 66-74 (a cluster waiting to become resident
 #: holds its rows back): so float32 only, clusters of 2-4, a cluster per row. Since the row caches
 #: are filled by cp.async, 16-bit rows gain too: 65536-100000 columns 81-82 -> 88-90, 128256-262144
-#: level (79-83).
+#: level (79-83). Later, with the on-chip split at 384 threads for float32 and its chunks cut on
+#: 256-byte boundaries (same run, two runs each, 2026-11-24): float32 rows of 32000-50257 columns
+#: on the on-chip split instead of clusters H200 80-83 -> 81-87 (32000: 82-83 -> 85-87, 40000:
+#: 80-81 -> 85-86), H100 level to a point slower (92-95 -> 91-94); 16-bit 65536-118000 columns
+#: mixed (H200 65536 softmax 81-82 -> 78, log_softmax 79-80 -> 81): so clusters for 16-bit rows only.
 CLUSTER_SPLIT = True
-CLUSTER_ITEMSIZES = (2, 4)
+CLUSTER_ITEMSIZES = (2,)
 
 
 def _sm_version(device: DeviceProfile) -> int:
