@@ -751,7 +751,7 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
 // the span with vectors.
 template <typename T, int OP, int VEC, int LANES>
 PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache,
-                           int row_shift = -1) {
+                           int row_shift = -1, int interleave = 0) {
   typedef typename compute_of<T>::type C;
   // Groups sharing a warp (below) may take rows of 2^row_shift whole slots (row_shift >= 0, the span
   // aligned) with a slot of padding after each row in the tile: rows a whole number of 128-byte
@@ -782,8 +782,14 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       // shuffles together.
       const int groups = PS_BLOCK_DIM_X / LANES;
       const int stride = padded ? n + VEC : n;  // elements from a row's start to the next row's
+      // The row of a step this group takes: in order, or (interleave) with the groups of each
+      // 32 lanes on rows blockDim / 32 apart, which for some row lengths puts them on fewer
+      // common banks (the planner counts both: staged_bank_ways).
+      const int g = static_cast<int>(PS_THREAD_X / LANES);
+      const int per_window = kNarrowestWarp / LANES, windows = groups / per_window;
+      const int mine = interleave ? g % per_window * windows + g / per_window : g;
       for (int first_row = 0; first_row < count; first_row += groups) {
-        const int r = first_row + static_cast<int>(PS_THREAD_X / LANES);
+        const int r = first_row + mine;
         const bool live = r < count;
         staged_row_in_words<OP, T, LANES>(tile + (live ? r : 0) * stride, live ? n : 0, -1, safe != 0);
       }
@@ -1347,14 +1353,16 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
 
-// The staged tier with a group of L lanes a row, fewer than a warp; row_shift as staged_rows.
+// The staged tier with a group of L lanes a row, fewer than a warp; row_shift and interleave as
+// staged_rows.
 #define PS_STAGED_GROUP_ENTRY(DT, T, OPN, OP, L, V)                                                  \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \
   ps_staged_lanes_##DT##_##OPN##_l##L##_v##V(                                                        \
-      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int row_shift, int safe) {    \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int row_shift, int interleave,  \
+      int safe) {                                                                                    \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache), \
-                                 row_shift);                                                         \
+                                 row_shift, interleave);                                             \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 

@@ -478,14 +478,18 @@ STAGED_GROUP_ROWS = {"float16": (256, 288, 300, 512, 777, 1001), "bfloat16": (38
                      "float32": (67, 100, 128, 150)}
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("lanes", V.STAGED_GROUP_LANES)
 @pytest.mark.parametrize("dtype", STAGED_GROUP_ROWS)
-def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype, lanes):
-    """The staged tier with a group of fewer lanes than a warp a row, at warp 32 and 64: a warp's
-    groups take different rows (an empty one beside full ones among the special rows), and groups
-    past the last row of a partial tile take none while the others shuffle."""
-    # this group size wherever a row a group fits, whatever its banks
+def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype, lanes,
+                                                       interleave):
+    """The staged tier with a group of fewer lanes than a warp a row, at warp 32 and 64, the groups
+    on a tile's rows in order and interleaved: a warp's groups take different rows (an empty one
+    beside full ones among the special rows), and groups past the last row of a partial tile take
+    none while the others shuffle."""
+    # this group size and order wherever a row a group fits, whatever its banks
     monkeypatch.setattr(V, "STAGED_GROUP_LANES", (lanes,))
+    monkeypatch.setattr(planner, "STAGED_GROUP_ORDERS", (interleave,))
     monkeypatch.setattr(planner, "STAGED_GROUP_MIN_WORDS", 0)
     monkeypatch.setattr(planner, "STAGED_GROUP_MAX_WAYS", 32)
     monkeypatch.setattr(planner, "STAGED_GROUP_TILE_BYTES", 1 << 20)
@@ -500,13 +504,15 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
             row_slots = cols * V.DTYPES[dtype][2] // 16
             power_of_two = cols % vec == 0 and row_slots & (row_slots - 1) == 0
             for op, safe in OP_CASES:
-                assert _tier(runtime, x, 1, op, safe) == "staged_group", (warp, dtype, cols)
+                the_plan = plan(RowProblem(dtype, op, 37, cols, safe=safe), runtime.profile(0))
+                assert (the_plan.tier, the_plan.notes["interleave"]) == ("staged_group", interleave), (warp, cols)
                 got = run_host_array(runtime, x, 1, op, safe)
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} {lanes} lanes")
                 if power_of_two:  # the same rows in a tile padded by a slot a row
                     problem = RowProblem(dtype, op, 37, cols, safe=safe)
                     padded = planner._plan_groups_at(problem, runtime.profile(0), vec, row_slots.bit_length() - 1)
-                    assert padded.notes["row_shift"] >= 0 and padded.notes["lanes"] == lanes
+                    assert padded.notes["row_shift"] >= 0 and (padded.notes["lanes"], padded.notes["interleave"]) == (
+                        lanes, interleave)
                     got = runtime.run_plan(x, padded)
                     assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} padded")
 

@@ -167,6 +167,19 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
     assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
 
 
+def test_bank_ways_of_groups_taking_interleaved_rows():
+    """The groups of 32 lanes on rows STAGED_THREADS / 32 = 4 apart; counted by hand."""
+    def ways(cols: int, lanes: int) -> int:
+        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
+
+    assert planner.STAGED_THREADS // 32 == 4
+    # 255 columns: rows 4 apart are 510 words apart, 30 banks on: groups of 4 lanes on banks 0, 30,
+    # 28, ..., 18, each overlapping the next by two banks (in order: 127.5 words, 8 ways)
+    assert ways(255, 4) == 2
+    assert ways(700, 8) == 1  # 1400 words: banks 0, 24, 16, 8, eight each
+    assert ways(400, 4) == 8  # 800 words, a multiple of 32: every group on the same banks
+
+
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     """Where copies are asynchronous, 16-bit rows and float32 rows of up to 600 bytes take the fewest
@@ -184,18 +197,21 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert chosen("float16", 300) == ("staged_group", 4)  # 4 lanes: 2 ways
     assert chosen("bfloat16", 288) == ("staged_group", 8)  # 4 lanes: 4 ways; 8 lanes: 2
     assert chosen("float16", 400) == ("staged_group", 8)  # 4 lanes: 32 rows of 800 bytes a tile, over 24 KiB
-    assert chosen("float16", 700) == ("staged_group", 16)  # 8 lanes: 4 ways
+    assert chosen("float16", 700) == ("staged_group", 8)  # 8 lanes: 4 ways in order, 1 interleaved
     assert chosen("float16", 1500) == ("staged_group", 16)  # 8 rows of 3000 bytes
     assert chosen("float16", 320) == ("staged_group", 16)  # 160 words: 4 and 8 lanes all on the same banks
     assert chosen("float16", 160) == ("staged_group", 8)  # 80 words: 4 lanes 4 ways
     assert {chosen("float16", c)[0] for c in (64, 90, 92, 100)} == {"staged"}  # up to 256 bytes: a thread a row
-    assert chosen("float16", 255)[0] == "staged"  # 4 and 8 lanes: 8 and 4 ways; 16 lanes: 8 words a lane
+    assert chosen("float16", 255) == ("staged_group", 4)  # 4 lanes: 8 ways in order, 2 interleaved
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
+    assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in order
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
     # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
     p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
     assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 5)  # 32 slots
     assert p.launches[0].shared_mem >= p.notes["tile_rows"] * (256 + 8) * 2
-    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0)]
+    # row_shift, interleave, safe
+    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0), ("i32", 0)]
     assert plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
     misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
