@@ -429,3 +429,14 @@ def test_generated_entry_points_match_the_catalogue(tmp_path):
         assert committed.read_text() == written.read_text(), (
             f"{committed} is stale: run `python -m portable_softmax._variants src_cuda`"
         )
+
+
+def test_block_tier_rows_fewer_than_multiprocessors_take_more_threads():
+    """A small input's call waits on one row's latency: with fewer rows than multiprocessors a block
+    takes BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD slots a thread, else BLOCK_TIER_SLOTS_PER_THREAD."""
+    h100 = PROFILES["h100"]
+    few = plan(RowProblem("float32", "softmax", 32, 4096), h100)
+    many = plan(RowProblem("float32", "softmax", 200, 4096), h100)
+    assert (few.tier, many.tier) == ("block", "block")
+    assert few.launches[0].block == 1024 // planner.BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD  # 1024 slots of 4 values
+    assert many.launches[0].block == 1024 // planner.BLOCK_TIER_SLOTS_PER_THREAD
