@@ -86,6 +86,21 @@ def back_to_back_us(torch, fn, calls: int, warmup: int = 20) -> float:
     return (time.perf_counter() - t) / calls * 1e6
 
 
+def device_us(torch, fn, calls: int = 400) -> float:
+    """Device time per call of `calls` calls queued behind a GPU sleep (so that the host is always
+    ahead and the events time the GPU's work and launch gaps alone)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time: the calls queue behind it
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / calls
+
+
 class _Timer:
     """Median event timing of a callable with the L2 flushed before each repetition."""
 
@@ -154,7 +169,9 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
 
 
 def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]:
-    """Wall time per call of many back-to-back calls with one sync at the end (small inputs)."""
+    """Wall time per call of many back-to-back calls with one sync at the end (small inputs), and
+    the device time per call of calls queued behind a GPU sleep (what the wall time would be on a
+    host that kept ahead of the GPU)."""
     import torch
 
     import portable_softmax as ps
@@ -165,6 +182,7 @@ def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]
         row = {"shape": shape, "dtype": dtype, "bytes": x.numel() * x.element_size()}
         for name, fn in (("ours", lambda x=x: ps.softmax(x)), ("torch", lambda x=x: torch.softmax(x, dim=-1))):
             row[f"{name}_us"] = back_to_back_us(torch, fn, calls)
+            row[f"{name}_device_us"] = device_us(torch, fn)
         out.append(row)
     return out
 
@@ -239,7 +257,8 @@ def main(args) -> int:
         rows = latency(shapes, dtypes[0], 2000)
         for r in rows:
             print(f"{r['dtype']} {'x'.join(map(str, r['shape']))} ({r['bytes']} B): "
-                  f"ours {r['ours_us']:.1f} us/call, torch.softmax {r['torch_us']:.1f} us/call")
+                  f"ours {r['ours_us']:.1f} us/call, torch.softmax {r['torch_us']:.1f} us/call; "
+                  f"device time ours {r['ours_device_us']:.2f} us/call, torch.softmax {r['torch_device_us']:.2f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
