@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--axis", type=int, default=-1)
     bench.add_argument("--mib", type=float, default=256, help="input size of the default sweep's shapes")
     bench.add_argument("--reps", type=int, default=20)
-    bench.add_argument("--latency", action="store_true", help="host wall time per call of small inputs instead")
+    bench.add_argument("--latency", action="store_true",
+                       help="wall time and device time per call of small inputs instead")
     bench.add_argument("--json", help="write the results as JSON")
     bench.add_argument("--markdown", help="write the table as Markdown")
     bench.add_argument("--plot", help="write a PNG of %% of copy against columns per dtype")
