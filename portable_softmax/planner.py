@@ -559,6 +559,11 @@ BLOCK_TIER_SM_SHARE = 2
 #: multiprocessor holds
 CACHED_THREADS = 256
 CACHED_CHUNKS_PER_SM = 4
+#: chunks a multiprocessor by bytes per element, where not CACHED_CHUNKS_PER_SM. Measured (same
+#: run, two runs each, % of the copy, 2026-11-24): 16-bit rows of 100000-262144 columns at 5
+#: chunks against 4, H100 88-91 -> 89-92 (512x262144 88-89 -> 89-91), H200 74-80 -> 77-83
+#: (float16 1024x131072 softmax 79 -> 78); float32 level on both (within a point or two either way).
+CACHED_CHUNKS_PER_SM_BY_ITEMSIZE = {2: 5}
 #: threads per block of the on-chip split tier by bytes per element, where not CACHED_THREADS: at
 #: most V.LAUNCH_BOUND_THREADS["cached"], whose kernels' launch bounds keep 4 such blocks a
 #: multiprocessor. Measured on an H100 (% of the copy, two runs): float32 rows of 65536-262144
@@ -586,10 +591,11 @@ def _on_chip_chunk(device: DeviceProfile, static_bytes: int, vec: int, itemsize:
                    wanted_threads: int) -> tuple[int, int]:
     """(threads, slots) of a block of the on-chip split tiers (blocks merging through global memory
     or in a cluster): its threads (wanted_threads, within the device's limits), and the most slots
-    of a chunk, a multiple of _chunk_unit, in a quarter multiprocessor's shared memory (several
-    chunks a multiprocessor, so one's loads overlap another's wait)."""
+    of a chunk, a multiple of _chunk_unit, in a share of a multiprocessor's shared memory
+    (CACHED_CHUNKS_PER_SM: several chunks a multiprocessor, so one's loads overlap another's wait)."""
     threads = min(device.max_threads_per_block, max(wanted_threads, 4 * device.warp_size))
-    budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // CACHED_CHUNKS_PER_SM)
+    per_multiprocessor = CACHED_CHUNKS_PER_SM_BY_ITEMSIZE.get(itemsize, CACHED_CHUNKS_PER_SM)
+    budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
     unit = _chunk_unit(vec, itemsize)
     return threads, (budget - static_bytes) // (vec * itemsize) // unit * unit
 
