@@ -345,9 +345,9 @@ def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, t
         return None
     stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
     shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
-    shift = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
+    group_args = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
     launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
-                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), *shift,
+                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), *group_args,
                      (I32, _safe(p))),
                     cut_to_one_wave=False)
     notes = {"vec": vec, "tile_rows": tile_rows, "lanes": lanes}
