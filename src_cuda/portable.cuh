@@ -147,6 +147,12 @@ template <int BYTES> PS_DEVICE void async_copy(void* shared_at, const void* glob
 }
 // This thread's copies are done and visible to it (other threads need a barrier as well).
 PS_DEVICE void async_copy_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Closes this thread's group of copies issued since the last commit.
+PS_DEVICE void async_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// This thread's committed groups but the `PENDING` newest are done and visible to it.
+template <int PENDING> PS_DEVICE void async_copy_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
 #elif defined(PORTABLE_SOFTMAX_EMULATION) && defined(PS_EMULATE_ASYNC_COPY)
 // The emulation built to take this path (the tests build it both ways): copies land only at the
 // wait and read as poison before it, so a read that does not wait for its copy fails.
@@ -155,6 +161,8 @@ template <int BYTES> PS_DEVICE void async_copy(void* shared_at, const void* glob
   ps_emu_async_copy(shared_at, global_at, BYTES);
 }
 PS_DEVICE void async_copy_wait_all() { ps_emu_async_wait_all(); }
+PS_DEVICE void async_copy_commit() { ps_emu_async_commit(); }
+template <int PENDING> PS_DEVICE void async_copy_wait_group() { ps_emu_async_wait_group(PENDING); }
 #else
 #define PS_ASYNC_COPY 0
 #endif

@@ -133,6 +133,23 @@ def test_async_copies_land_at_the_wait_and_break_loudly(library):
         library.launch("emu_probe_async_copy", 32, 1, block, 4 * (block - 1), args, ptrs)
 
 
+def test_async_copy_groups_land_oldest_first(library):
+    block = 32
+    values = np.arange(1, 3 * block + 1, dtype=np.int32)
+    seen = np.zeros(9 * block, np.int32)
+    library.launch("emu_probe_async_groups", 32, 1, block, 12 * block, (("ptr", "in"), ("ptr", "seen")),
+                   _pointers(**{"in": values, "seen": seen}))
+    seen = seen.reshape(3, 3, block)  # [wait][copy][thread]
+    copies = values.reshape(3, block)
+    landed = [(True, False, False), (True, True, False), (True, True, True)]  # wait_group 1, 0, wait_all
+    for wait, row in enumerate(landed):
+        for copy, has_landed in enumerate(row):
+            if has_landed:
+                np.testing.assert_array_equal(seen[wait, copy], copies[copy])
+            else:
+                assert (seen[wait, copy] == -1).all(), (wait, copy)
+
+
 @pytest.mark.parametrize("step", [1, -1])
 def test_a_missing_barrier_reads_poison_in_one_thread_order_or_the_other(library, step):
     grid, block = 2, 64

@@ -83,9 +83,11 @@ struct Fiber {
   void* result = nullptr;
   unsigned size = 0;
   int lane_mask = 0, width = 0;
-  // copies to shared memory issued and not yet waited for (ps_emu_async_copy)
-  struct PendingCopy { void* to; const void* from; unsigned bytes; };
+  // copies to shared memory issued and not yet waited for (ps_emu_async_copy), each with the
+  // commit group it joins (the count of commits before it), and the commits made so far
+  struct PendingCopy { void* to; const void* from; unsigned bytes; long group; };
   std::vector<PendingCopy> copies;
+  long commits = 0;
 };
 
 std::string thread_range(unsigned first, unsigned last) {
@@ -372,6 +374,7 @@ bool Worker::run_block(const LaunchSpec& spec, unsigned block) {
     f.wait = Wait::kRunnable;
     f.shuffles = f.barriers = 0;
     f.copies.clear();
+    f.commits = 0;
   }
   block_ = block;
   const bool ok = schedule();
@@ -585,7 +588,23 @@ void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes) {
     w->fail_fiber(who + " copies to an address outside the block's dynamic shared memory");
   }
   std::memset(shared_at, ps_emu::kPoisonByte, bytes);  // undefined until the wait
-  f.copies.push_back({shared_at, global_at, bytes});
+  f.copies.push_back({shared_at, global_at, bytes, f.commits});
+}
+
+void ps_emu_async_commit(void) { ++Worker::current()->running().commits; }
+
+void ps_emu_async_wait_group(int pending) {
+  ps_emu::Fiber& f = Worker::current()->running();
+  const long done_below = f.commits - pending;  // groups older than the `pending` newest land
+  std::vector<ps_emu::Fiber::PendingCopy> left;
+  for (const auto& c : f.copies) {
+    if (c.group < done_below) {
+      std::memcpy(c.to, c.from, c.bytes);
+    } else {
+      left.push_back(c);
+    }
+  }
+  f.copies.swap(left);
 }
 
 void ps_emu_async_wait_all(void) {

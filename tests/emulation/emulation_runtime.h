@@ -118,6 +118,12 @@ void ps_emu_spin_pause(void);
 // returns with copies it never waited for fails the launch.
 void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes);
 void ps_emu_async_wait_all(void);
+// Closes the thread's current commit group of copies (cp.async.commit_group); the copies issued
+// after it join the next one.
+void ps_emu_async_commit(void);
+// Lands every copy of the thread's committed groups but the `pending` newest (cp.async.wait_group);
+// copies of the newer groups, and copies not yet committed, still read as poison.
+void ps_emu_async_wait_group(int pending);
 }
 
 template <typename V>

@@ -93,6 +93,29 @@ PS_GLOBAL void emu_probe_async_copy(const int* in, int* before, int* after, int 
 }
 PS_EXPORT_KERNEL(emu_probe_async_copy)
 
+// Thread t copies in[t], in[t + n] and in[t + 2n] to three slots, committing the first two copies
+// as one group each and leaving the third uncommitted; `seen` gets the three slots after
+// wait_group(1) (the first group landed), after wait_group(0) (both groups) and after wait_all.
+PS_GLOBAL void emu_probe_async_groups(const int* in, int* seen) {
+  PS_DYNAMIC_SHARED_BYTES(cache);
+  int* slots = reinterpret_cast<int*>(cache);
+  const unsigned t = PS_THREAD_X, n = PS_BLOCK_DIM_X;
+  for (unsigned k = 0; k < 3; ++k) {
+    ps_emu_async_copy(&slots[t + k * n], &in[t + k * n], 4);
+    if (k < 2) ps_emu_async_commit();
+  }
+  const int pending[3] = {1, 0, -1};  // -1: wait_all
+  for (unsigned w = 0; w < 3; ++w) {
+    if (pending[w] < 0) {
+      ps_emu_async_wait_all();
+    } else {
+      ps_emu_async_wait_group(pending[w]);
+    }
+    for (unsigned k = 0; k < 3; ++k) seen[(w * 3 + k) * n + t] = slots[t + k * n];
+  }
+}
+PS_EXPORT_KERNEL(emu_probe_async_groups)
+
 // Writes `bytes` bytes of dynamic shared memory (more than launched: an overflow).
 PS_GLOBAL void emu_probe_shared_write(long long bytes) {
   PS_DYNAMIC_SHARED_BYTES(cache);
