@@ -555,6 +555,17 @@ BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD = 2
 #: a block-tier row takes at most 1 / BLOCK_TIER_SM_SHARE of a multiprocessor's shared memory
 #: (longer rows are split across blocks)
 BLOCK_TIER_SM_SHARE = 2
+#: longer rows that one block's shared memory still holds, and no thread block cluster takes, go to
+#: the block tier too, a block alone on its multiprocessor, where copies are asynchronous (the whole
+#: row in flight at once without registers), instead of the on-chip split: no block waits on
+#: another. Measured (same run, two runs each, % of the copy, 2026-11-24): H100 float32 32000-56000
+#: columns 90-94 -> 95-99, 16-bit 100000-113000 columns 88-91 -> 93-95; H200 float32 81-88 -> 83-90
+#: (40000: 83-86 -> 90), 16-bit 100000-110000 77-82 -> 79-85. The 16-bit rows of 60000-90000 columns
+#: that clusters take measured 4-7 slower in such blocks on the H200 (softmax; log_softmax level
+#: but 90000 columns +6), so clusters keep them. A row in flight from a block that then waits for
+#: the next row's copies while storing (the next row's copies issued during the stores, a
+#: resident grid) measured 9-14 slower on the H200.
+BLOCK_TIER_WHOLE_SM = True
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
 CACHED_THREADS = 256
@@ -679,6 +690,14 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         clustered = _plan_cluster(p, device, vec, slots, static_bytes, row_args)
         if clustered is not None:
             return clustered
+
+    # A row that one block's shared memory holds: a block per row, alone on its multiprocessor.
+    if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows
+            and cache_bytes + static_bytes <= device.shared_mem_per_block_optin):
+        threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS)
+        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,
+                        row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+        return Plan("block", (launch,), notes=notes)
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
