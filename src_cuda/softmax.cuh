@@ -859,7 +859,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
 // 2670x50257 87-88 -> 88-89), 4096-16384 columns and float32 rows level; H100 level to +1. Four
 // groups: H200 16-bit 50257 columns +2, but 4096 columns 1.5 slower; eight slower still. In the
 // on-chip split (store_and_prefetch's copies committed in groups too) two to eight groups measured
-// 3-13 points slower on the H200 (16-bit 100000-262144 columns 77-80 -> 72-75 at four), so it
+// up to 13 points slower on the H200 (16-bit 100000-262144 columns 77-83 -> 72-78 at four), so it
 // keeps one wait.
 constexpr int kBlockCopyGroups = 2;
 template <typename T, int OP, int WARP, int VEC>
