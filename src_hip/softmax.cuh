@@ -855,20 +855,22 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
 
 // ---- tier 3: a block per row, row cached in shared memory ----------------
 // The row's copies in kBlockCopyGroups commit groups (cache_chunk), so that a block's exps of the
-// first half overlap its copies of the second. Measured (same run, two runs each, % of the copy,
-// against one wait for every copy): H200 16-bit rows of 32000-50257 columns +1 to +2 (float16
-// 2670x50257 87-88 -> 88-89), 4096-16384 columns and float32 rows level; H100 level to +1. Four
-// groups: H200 16-bit 50257 columns +2, but 4096 columns 1.5 slower; eight slower still. In the
+// first groups overlap its copies of the later ones. Measured (same run, two runs each, % of the
+// copy, against one wait for every copy): two groups, H200 16-bit rows of 32000-50257 columns +1
+// to +2 (float16 2670x50257 87-88 -> 88-89), 4096-16384 columns and float32 rows level; H100 level
+// to +1. Four groups against two: H200 float32 rows of 32000-56000 columns (a block alone on its
+// multiprocessor) +1 to +2 (1700x40000 89 -> 90-91.5), H100 level to +0.6, other float32 rows
+// level on both; 16-bit 4096 columns 1-3 slower, rows alone level. Eight: slower everywhere. In the
 // on-chip split (store_and_prefetch's copies committed in groups too) two to eight groups measured
 // up to 13 points slower on the H200 (16-bit 100000-262144 columns 77-83 -> 72-78 at four), so it
 // keeps one wait.
-constexpr int kBlockCopyGroups = 2;
+template <typename T> constexpr int kBlockCopyGroups = sizeof(T) == 4 ? 4 : 2;
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
                           Vec<T, VEC>* cache) {
   for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    const RowFinish<OP, T> f(md_reduce_block<WARP>(cache_chunk<T, VEC, kBlockCopyGroups>(rs, 0, rs.slots, cache)),
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(cache_chunk<T, VEC, kBlockCopyGroups<T>>(rs, 0, rs.slots, cache)),
                              safe != 0);
     store_from_cache(rs, 0, rs.slots, cache, f);
   }
