@@ -678,7 +678,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     block_budget = (min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // BLOCK_TIER_SM_SHARE)
                     - static_bytes)
     few_rows = p.rows < device.multiprocessors
-    if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
+
+    def block_plan() -> Plan:
+        """A block a row, its threads streaming BLOCK_TIER_SLOTS_PER_THREAD slots each (for few rows,
+        BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD), within BLOCK_TIER_MIN_WARPS and BLOCK_TIER_MAX_THREADS."""
         per_thread = BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD if few_rows else BLOCK_TIER_SLOTS_PER_THREAD
         threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS,
                       max(BLOCK_TIER_MIN_WARPS * warp, ceil(slots / per_thread / warp) * warp))
@@ -686,18 +689,19 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
                         row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
         return Plan("block", (launch,), notes=notes)
 
+    if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
+        return block_plan()
+
     if CLUSTER_SPLIT and has_clusters(device):
         clustered = _plan_cluster(p, device, vec, slots, static_bytes, row_args)
         if clustered is not None:
             return clustered
 
-    # A row that one block's shared memory holds: a block per row, alone on its multiprocessor.
+    # A row that one block's shared memory holds: a block per row, alone on its multiprocessor (its
+    # slots, more than half a multiprocessor's shared memory holds, take BLOCK_TIER_MAX_THREADS).
     if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows
             and cache_bytes + static_bytes <= device.shared_mem_per_block_optin):
-        threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS)
-        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,
-                        row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
-        return Plan("block", (launch,), notes=notes)
+        return block_plan()
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).

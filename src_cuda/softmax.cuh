@@ -470,11 +470,12 @@ template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
 // stored, and returns this thread's (m, d) over them. Each thread later reads back
 // only the slots it wrote, so the cache needs no barrier of its own. `issued`: the copies
-// are in flight already (store_and_prefetch). GROUPS > 1 (not issued, and a slot a thread in each
-// group at least): the copies go out in GROUPS commit groups of consecutive slots, and (m, d) takes
-// each group as it lands, so that the first groups' exps overlap the later groups' copies. With
-// fewer slots the groups only add waits: 32 float32 rows of 4096 columns (2 slots a thread, 4
-// groups) measured 0.1-0.3 us a call slower than one wait (H100, H200).
+// are in flight already (store_and_prefetch). GROUPS > 1 (not issued): the copies go out in GROUPS
+// commit groups of consecutive slots, and (m, d) takes each group as it lands, so that the first
+// groups' exps overlap the later groups' copies. More than two groups need a slot a thread in each
+// group, else they only add waits: 32 float32 rows of 4096 columns (2 slots a thread, 4 groups)
+// measured 0.1-0.3 us a call slower than one wait (H100, H200). Two groups skip that test: compiled
+// in, it cost the 16-bit block kernels 4-6 registers a thread.
 template <typename T, int VEC, int GROUPS = 1>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
                                                        Vec<T, VEC>* cache, bool issued = false) {
