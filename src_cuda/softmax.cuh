@@ -278,7 +278,16 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   MD<C> md = {m, sum_over_lanes<LANES>(d)};
   const RowFinish<OP, T> f(md, safe);
 #pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = (OP == kSoftmax && !f.empty) ? v[j] * f.scale : f(v[j]);
+  for (int j = 0; j < N; ++j) {
+    if (OP == kSoftmax) {
+      // The kept exps times 1 / d; an empty row's outputs are one value. Selecting f(v[j]) there
+      // instead (an exp) doubled the exps and logs nvcc emitted: H200 16-bit softmax rows of 2, 3
+      // and 6 columns (packed) +3 to +5 points of the copy, 5 and 7 columns +10 with two tiles.
+      v[j] = f.empty ? f.empty_value() : v[j] * f.scale;
+    } else {
+      v[j] = f(v[j]);
+    }
+  }
 }
 
 // ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
