@@ -510,6 +510,20 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
 
 #: threads per block of the packed tier (its launch bound is 256)
 PACKED_THREADS = 256
+#: tiles of the packed tier a block cycles through where copies are asynchronous: with two, a
+#: round's copies are in flight while the block computes and stores the round before
+#: values a thread of the packed tier holds above which it may take two tiles (kPackedTwoTilesAbove:
+#: rows of 5 and 7 16-bit columns, whose registers allow 3-4 blocks a multiprocessor)
+PACKED_TWO_TILES_ABOVE = 32
+#: tiles of those blocks where copies are asynchronous: with two, the next round's copies are in
+#: flight while a block computes and stores a round. Measured on an H200 (% of the copy, softmax /
+#: log_softmax, two rounds a block): float16 5 columns 89 / 91 -> 95 / 98, 7 columns 87 / 89 ->
+#: 95 / 97, bfloat16 7 columns 87 / 91 -> 96 / 99 against one tile
+PACKED_STAGES = 2
+#: rounds (a tile each) a block of two tiles takes. Measured on an H200 as above: one round 87-91
+#: (no round to prefetch), two 95-99, three 94-97, four (with the earlier softmax) a point or two
+#: below two, eight 79-91
+PACKED_ROUNDS = 2
 
 
 def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
@@ -527,14 +541,18 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     per_thread = lcm(p.cols, vec)  # values, in whole vectors and whole rows
     group = per_thread // vec
     depth = 1 if group >= 4 else 4 // group
-    groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
-    blocks = ceil(groups / (PACKED_THREADS * depth))
     tile = depth * PACKED_THREADS * per_thread * V.DTYPES[p.dtype][2]  # the groups pass through shared memory
     if tile > device.shared_mem_per_block or PACKED_THREADS > device.max_threads_per_block:
         return None
-    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, tile,
-                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p))), cut_to_one_wave=False)
-    return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth})
+    two_tiles = has_async_copy(device) and per_thread > PACKED_TWO_TILES_ABOVE  # kPackedTwoTiles
+    stages = PACKED_STAGES if two_tiles and PACKED_STAGES * tile <= device.shared_mem_per_block_optin else 1
+    rounds = PACKED_ROUNDS if stages > 1 else 1
+    groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
+    blocks = ceil(groups / (PACKED_THREADS * depth * rounds))
+    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, stages * tile,
+                    (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p)), (I32, stages)),
+                    cut_to_one_wave=False)
+    return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth, "stages": stages})
 
 
 #: threads per block of the block tier, at most (a thread streams at least 8 slots below that).

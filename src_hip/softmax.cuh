@@ -593,28 +593,39 @@ template <int A> struct Gcd<A, 0> { static const int value = A; };
 // group back, a thread's 16-byte accesses are GROUP * 16 bytes apart, which for an odd GROUP (1, 3,
 // 5 or 7: every length the planner packs) meets no bank twice in a quarter warp.
 const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREADS in the planner)
+// Groups of more than 32 values (5 and 7 columns of 16-bit values) hold a block to 3-4 a
+// multiprocessor for registers: those may take two tiles (the planner's stages, PACKED_STAGES), so
+// that a block taking several rounds has the next one's copies in flight. Measured on an H200 (%
+// of the copy, softmax / log_softmax, two rounds a block): float16 5 columns 89 / 91 -> 95 / 98,
+// 7 columns 87 / 89 -> 95 / 97, bfloat16 7 columns 87 / 91 -> 96 / 99 against one tile. Shorter
+// groups keep one tile: the loop that can take two cost them 8-16 registers a thread (32 -> 40-48).
+const int kPackedTwoTilesAbove = 32;
+template <typename T, int VEC, int N>
+constexpr bool kPackedTwoTiles = kAsyncSlots<T, VEC> && N > kPackedTwoTilesAbove;
 
 template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
-PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile) {
+PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile, int stages) {
   typedef typename compute_of<T>::type C;
   const int threads = PS_BLOCK_DIM_X;
   const i64 step = (i64)PS_GRID_DIM_X * threads;
-  for (i64 base = (i64)PS_BLOCK_X * threads; base < groups; base += DEPTH * step) {
+  const i64 round = DEPTH * step;      // groups of the grid's round
+  const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile
+  // A round's slots into `at`, in order.
+  auto copy_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
       for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
         const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) copy_slot_to_cache(span, k, &tile[(u * threads) * GROUP + place]);
+        if (k < span.slots) copy_slot_to_cache(span, k, &at[(u * threads) * GROUP + place]);
       }
     }
-#if PS_ASYNC_COPY
-    if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
-#endif
-    PS_SYNC();
+  };
+  // Each thread's groups of the round, in place; then the block stores the tile in order.
+  auto finish_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
       C v[GROUP * VEC];
-      Vec<T, VEC>* group = &tile[(u * threads + PS_THREAD_X) * GROUP];
+      Vec<T, VEC>* group = &at[(u * threads + PS_THREAD_X) * GROUP];
       const i64 first = (base + u * step + PS_THREAD_X) * GROUP;
 #pragma unroll
       for (int s = 0; s < GROUP; ++s) {
@@ -638,20 +649,53 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
     for (int u = 0; u < DEPTH; ++u) {
       for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
         const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) span.store_raw(k, tile[(u * threads) * GROUP + place]);
+        if (k < span.slots) span.store_raw(k, at[(u * threads) * GROUP + place]);
       }
     }
-    PS_SYNC();  // the next round's copies overwrite the tile
+    PS_SYNC();  // the tile is copied into again
+  };
+#if PS_ASYNC_COPY
+  if constexpr (kPackedTwoTiles<T, VEC, GROUP * VEC>) {
+    // With two tiles (stages = 2) the next round's copies are in flight while the block computes
+    // and stores this one; with one, they are issued after its stores.
+    const bool ahead = stages > 1;
+    i64 base = (i64)PS_BLOCK_X * threads;
+    if (base < groups) copy_round(base, tile);
+    async_copy_commit();
+    int at = 0;
+    for (; base < groups; base += round) {
+      Vec<T, VEC>* here = tile + at * tile_slots;
+      const bool more = base + round < groups;
+      if (ahead && more) copy_round(base + round, tile + (at ^ 1) * tile_slots);
+      async_copy_commit();  // maybe empty: wait_group<1> still waits for this round's copies
+      async_copy_wait_group<1>();
+      PS_SYNC();
+      finish_round(base, here);
+      if (!ahead && more) copy_round(base + round, here);
+      async_copy_commit();
+      at ^= ahead ? 1 : 0;
+    }
+  } else
+#endif
+  {
+    for (i64 base = (i64)PS_BLOCK_X * threads; base < groups; base += round) {
+      copy_round(base, tile);
+#if PS_ASYNC_COPY
+      if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
+#endif
+      PS_SYNC();
+      finish_round(base, tile);
+    }
   }
 }
 
 template <typename T, int OP, int COLS, int VEC>
-PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe, Vec<T, VEC>* tile) {
+PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe, int stages, Vec<T, VEC>* tile) {
   const int N = COLS / Gcd<COLS, VEC>::value * VEC;  // values of a group: lcm(COLS, VEC)
   const int GROUP = N / VEC;
   const int DEPTH = GROUP >= 4 ? 1 : 4 / GROUP;  // at least four vectors in flight a thread
   const RowSlots<T, VEC> span(x, y, rows * COLS);
-  packed_groups<T, OP, COLS, VEC, GROUP, DEPTH>(span, (span.slots + GROUP - 1) / GROUP, safe, tile);
+  packed_groups<T, OP, COLS, VEC, GROUP, DEPTH>(span, (span.slots + GROUP - 1) / GROUP, safe, tile, stages);
 }
 
 // ---- tier 1, staged: contiguous short rows through shared memory -------------------
@@ -1432,9 +1476,9 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kPackedThreads) ps_packed_##DT##_##OPN##_c##C##_v##V(        \
-      const T* x, T* y, ps::i64 rows, int safe) {                                                    \
+      const T* x, T* y, ps::i64 rows, int safe, int stages) {                                        \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::packed_rows<T, OP, C, V>(x, y, rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache));      \
+    ps::packed_rows<T, OP, C, V>(x, y, rows, safe, stages, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_packed_##DT##_##OPN##_c##C##_v##V)
 

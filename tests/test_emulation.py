@@ -392,6 +392,38 @@ def test_every_packed_row_length(request, rng, dtype, copies):
                 assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {cols} columns offset {offset} packed")
 
 
+@pytest.mark.parametrize("dtype", [d for d in V.DTYPES if V.packed_cols(d)])
+def test_packed_blocks_of_two_tiles_over_several_rounds(async_library, async_planner, monkeypatch, rng, dtype):
+    """The packed tier's rows of more than 32 values a thread (two tiles where copies are
+    asynchronous: the next round's copies land in the other tile while a round computes) over
+    several rounds a block: blocks of 32 threads taking 3 rounds each, the last block's last round
+    partial, the span starting on a vector and one row into it. The same kernels with one tile
+    (stages = 1, the next round copied after a round's stores) on a grid of one block, too."""
+    monkeypatch.setattr(planner, "PACKED_THREADS", 32)
+    monkeypatch.setattr(planner, "PACKED_ROUNDS", 3)
+    runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=48 * 1024,
+                              shared_mem_per_block_optin=96 * 1024, shared_mem_per_multiprocessor=128 * 1024)
+    long_groups = [c for c in V.packed_cols(dtype) if np.lcm(c, V.vector_widths(dtype)[1]) > 32]
+    assert long_groups, V.packed_cols(dtype)
+    for cols in long_groups:
+        rows = 2000 // cols * 4 + 3
+        x = _inputs(rng, (rows, cols), dtype)
+        for offset in (0, cols):
+            problem = RowProblem(dtype, "softmax", rows, cols, x_misalign=offset, y_misalign=offset)
+            for op, safe in OP_CASES:
+                the_plan = plan(replace(problem, op=op, safe=safe), runtime.profile(0))
+                launch = the_plan.launches[0]
+                assert the_plan.tier == "packed" and the_plan.notes["stages"] == 2 and launch.grid > 1, the_plan
+                per_block = 3 * 32 * the_plan.notes["values_per_thread"]
+                assert (offset + rows * cols) % per_block and (offset + rows * cols) > per_block * (launch.grid - 1)
+                got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
+                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {cols} columns offset {offset} two tiles")
+                one_tile = replace(launch, grid=1, shared_mem=launch.shared_mem // 2,
+                                   args=launch.args[:-1] + (("i32", 1),))
+                got = runtime.run_plan(x, replace(the_plan, launches=(one_tile,)), x_offset=offset, y_offset=offset)
+                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {cols} columns offset {offset} one tile")
+
+
 @pytest.mark.parametrize("copies", ["sync", "async"])
 def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
     """The on-chip split at the block size the planner gives float32 rows (CACHED_THREADS_BY_ITEMSIZE:
