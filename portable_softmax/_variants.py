@@ -163,8 +163,11 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
 #: by bytes per element. Since its groups pass through shared memory (a block's loads and stores
 #: whole lines), measured on an H100 against the tiers these rows took before (% of the copy):
 #: 16-bit rows of 5 columns 93-97 -> 101, 6 99-100 -> 101.5, 8 94.6-98 -> 98, 7 level (100.5).
-#: When each thread loaded its own group, 5 and 7 lost (68-69 -> 47-58).
-PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8)}
+#: When each thread loaded its own group, 5 and 7 lost (68-69 -> 47-58). 16-bit rows of 16 and 32
+#: columns (groups of 2 and 4 slots, swizzled in shared memory), on an H200 against the register and
+#: staged tiers: float16 16 columns 84 / 88 -> 91 / 97 (softmax / log_softmax), bfloat16 32 columns
+#: 82 / 84 -> 87 / 91; 64 columns level (87-92), and a 1 MiB input of them slower (58 -> 44).
+PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:

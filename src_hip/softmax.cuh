@@ -603,6 +603,23 @@ const int kPackedTwoTilesAbove = 32;
 template <typename T, int VEC, int N>
 constexpr bool kPackedTwoTiles = kAsyncSlots<T, VEC> && N > kPackedTwoTilesAbove;
 
+// A thread reads its group's 16-byte slots back one slot index at a time; groups of an even
+// number of slots (16-bit rows of 16, 32 and 64 columns) would put a quarter warp's reads on the
+// same banks (4-way at 4 slots). So the slots of thread t's group lie XOR-ed with packed_flip(t),
+// which differs between the threads of a quarter warp whose groups start on the same banks.
+template <int GROUP> PS_DEVICE int packed_flip(int thread) {
+  if constexpr (GROUP % 2 != 0) {
+    return 0;
+  } else {
+    static_assert((GROUP & (GROUP - 1)) == 0 && GROUP <= 8, "even groups of 2, 4 or 8 slots");
+    return thread / (8 / GROUP) % GROUP;  // 8 slots of 16 bytes span the 32 banks
+  }
+}
+// Where slot `place` of a round's tile lies: its group's, at the XOR-ed index.
+template <int GROUP> PS_DEVICE int packed_swizzle(int place) {
+  return place - place % GROUP + (place % GROUP ^ packed_flip<GROUP>(place / GROUP));
+}
+
 template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
 PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile, int stages) {
   typedef typename compute_of<T>::type C;
@@ -610,13 +627,13 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   const i64 step = (i64)PS_GRID_DIM_X * threads;
   const i64 round = DEPTH * step;      // groups of the grid's round
   const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile
-  // A round's slots into `at`, in order.
+  // A round's slots into `at`, in order but for the swizzle within each group.
   auto copy_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
       for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
         const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) copy_slot_to_cache(span, k, &at[(u * threads) * GROUP + place]);
+        if (k < span.slots) copy_slot_to_cache(span, k, &at[(u * threads) * GROUP + packed_swizzle<GROUP>(place)]);
       }
     }
   };
@@ -626,11 +643,12 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
     for (int u = 0; u < DEPTH; ++u) {
       C v[GROUP * VEC];
       Vec<T, VEC>* group = &at[(u * threads + PS_THREAD_X) * GROUP];
+      const int flip = packed_flip<GROUP>(PS_THREAD_X);  // slot s of the group lies at group[s ^ flip]
       const i64 first = (base + u * step + PS_THREAD_X) * GROUP;
 #pragma unroll
       for (int s = 0; s < GROUP; ++s) {
         if (first + s < span.slots) {
-          widen(group[s], v + s * VEC);
+          widen(group[s ^ flip], v + s * VEC);
         } else {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
@@ -641,7 +659,7 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
 #pragma unroll
       for (int s = 0; s < GROUP; ++s) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) group[s].v[j] = from_compute<T>(v[s * VEC + j]);
+        for (int j = 0; j < VEC; ++j) group[s ^ flip].v[j] = from_compute<T>(v[s * VEC + j]);
       }
     }
     PS_SYNC();
@@ -649,7 +667,7 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
     for (int u = 0; u < DEPTH; ++u) {
       for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
         const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) span.store_raw(k, at[(u * threads) * GROUP + place]);
+        if (k < span.slots) span.store_raw(k, at[(u * threads) * GROUP + packed_swizzle<GROUP>(place)]);
       }
     }
     PS_SYNC();  // the tile is copied into again

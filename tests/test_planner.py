@@ -231,7 +231,7 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     vec = V.vector_widths(dtype)[1]
-    for cols in range(1, 9):
+    for cols in (*range(1, 9), 16, 32, 64):
         for misalign in range(0, vec, cols):  # the span starts on a row boundary within its vector
             p = plan(RowProblem(dtype, "log_softmax", 1000, cols, x_misalign=misalign, y_misalign=misalign), device)
             assert (p.tier == "packed") == (cols in V.packed_cols(dtype)), (cols, misalign, p.tier)
