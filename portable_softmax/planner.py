@@ -510,8 +510,6 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
 
 #: threads per block of the packed tier (its launch bound is 256)
 PACKED_THREADS = 256
-#: tiles of the packed tier a block cycles through where copies are asynchronous: with two, a
-#: round's copies are in flight while the block computes and stores the round before
 #: values a thread of the packed tier holds above which it may take two tiles (kPackedTwoTilesAbove:
 #: rows of 5 and 7 16-bit columns, whose registers allow 3-4 blocks a multiprocessor)
 PACKED_TWO_TILES_ABOVE = 32

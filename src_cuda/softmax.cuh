@@ -603,7 +603,7 @@ template <typename T, int VEC, int N>
 constexpr bool kPackedTwoTiles = kAsyncSlots<T, VEC> && N > kPackedTwoTilesAbove;
 
 // A thread reads its group's 16-byte slots back one slot index at a time; groups of an even
-// number of slots (16-bit rows of 16, 32 and 64 columns) would put a quarter warp's reads on the
+// number of slots (16-bit rows of 16 and 32 columns) would put a quarter warp's reads on the
 // same banks (4-way at 4 slots). So the slots of thread t's group lie XOR-ed with packed_flip(t),
 // which differs between the threads of a quarter warp whose groups start on the same banks.
 template <int GROUP> PS_DEVICE int packed_flip(int thread) {
