@@ -166,8 +166,9 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
 #: When each thread loaded its own group, 5 and 7 lost (68-69 -> 47-58). 16-bit rows of 16 and 32
 #: columns (groups of 2 and 4 slots, swizzled in shared memory), on an H200 against the register and
 #: staged tiers: float16 16 columns 84 / 88 -> 91 / 97 (softmax / log_softmax), bfloat16 32 columns
-#: 82 / 84 -> 87 / 91; 64 columns level (87-92), and a 1 MiB input of them slower (58 -> 44).
-PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)}
+#: 82 / 84 -> 87 / 91. 64 columns, once whole rounds took no test a slot: 88-91 -> 94-95 (H200), on
+#: grids of at least half a block a multiprocessor (planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM).
+PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:

@@ -522,6 +522,12 @@ PACKED_STAGES = 2
 #: (no round to prefetch), two 95-99, three 94-97, four (with the earlier softmax) a point or two
 #: below two, eight 79-91
 PACKED_ROUNDS = 2
+#: rows whose groups hold more than PACKED_TWO_TILES_ABOVE values go to the packed tier only where
+#: its grid has at least this many blocks a multiprocessor (else the staged tier's smaller blocks
+#: spread the rows wider). Measured on an H200 (% of the copy, packed against staged): 16-bit rows
+#: of 64 columns, 1 MiB (16 blocks) 49-52 against 56-61; 8 MiB (128 blocks) 74-76 against 70-74;
+#: 256 MiB 94-95 against 87-90.
+PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM = 0.5
 
 
 def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
@@ -547,6 +553,8 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     rounds = PACKED_ROUNDS if stages > 1 else 1
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
     blocks = ceil(groups / (PACKED_THREADS * depth * rounds))
+    if per_thread > PACKED_TWO_TILES_ABOVE and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
+        return None
     launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, stages * tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p)), (I32, stages)),
                     cut_to_one_wave=False)

@@ -291,6 +291,22 @@ template <> struct ExpMinus<float> {
   PS_DEVICE ExpMinus(float m_, float /* d */, float log2_d_) : m(m_), log2_d(log2_d_) {}
   PS_DEVICE float operator()(float x) const { return PS_FAST_EXP2F(fmaf(x - m, 1.44269504088896341f, -log2_d)); }
 };
+// exp(x - m) times a factor that every value of a row shares, for rows whose outputs are
+// exp / sum (softmax, where it cancels): 2^(x log2(e) - h) with h = m log2(e) rounded, one
+// multiply-add and the base-2 exponential where ExpMinus takes a subtraction too. The multiply-add
+// rounds each exponent once (ExpMinus twice); the shared factor is 2^(m log2(e) - h), within
+// 2^(+-1/16) while |m| <= 2^20 (exp_shift_fits), so that the max's exp stays near 1. float16
+// values always fit; a NaN or infinite max gives what ExpMinus gives.
+struct ExpShifted {
+  float h;
+  PS_DEVICE explicit ExpShifted(float m) : h(m * 1.44269504088896341f) {}
+  PS_DEVICE float operator()(float x) const { return PS_FAST_EXP2F(fmaf(x, 1.44269504088896341f, -h)); }
+};
+template <typename A, typename B> struct same_type { static const bool value = false; };
+template <typename A> struct same_type<A, A> { static const bool value = true; };
+template <typename T> PS_DEVICE bool exp_shift_fits(float m) {
+  return same_type<T, half_t>::value || (m >= -1048576.0f && m <= 1048576.0f);
+}
 // 1 / d likewise: the correctly rounded division for float32 / float64 outputs, the hardware
 // reciprocal (an ulp or two of float32) for 16-bit ones.
 template <typename T> PS_DEVICE typename compute_of<T>::type recip_for(typename compute_of<T>::type v) {

@@ -266,27 +266,41 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   for (int j = 0; j < N; ++j) m = ps_max_nan(m, v[j]);
   m = max_over_lanes<LANES>(m);
   C d = C(0);
-  if (m != ps_neg_inf<C>()) {
-    const ExpMinus<C> exp_minus(m);
+  auto sum_exps = [&](const auto& exp_of) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const C e = exp_minus(v[j]);
+      const C e = exp_of(v[j]);
       d += e;
       if (OP == kSoftmax) v[j] = e;
     }
+  };
+  if constexpr (OP == kSoftmax) {
+    // Softmax keeps each exp (its output is exp * (1 / d)), so it may take them with a factor the
+    // row shares (ExpShifted, an instruction a value fewer). An empty row (m = -inf) takes them
+    // relative to 0: all 0, whose outputs are then the empty value's 0 or NaN with no select a value
+    // (a select, or ones written for an empty row, cost a register and an instruction a value).
+    const C shift = m == ps_neg_inf<C>() ? C(0) : m;
+    if constexpr (same_type<C, float>::value) {
+      if (exp_shift_fits<T>(shift)) {
+        sum_exps(ExpShifted(shift));
+      } else {
+        sum_exps(ExpMinus<C>(shift));
+      }
+    } else {
+      sum_exps(ExpMinus<C>(shift));
+    }
+  } else if (m != ps_neg_inf<C>()) {
+    sum_exps(ExpMinus<C>(m));
   }
   MD<C> md = {m, sum_over_lanes<LANES>(d)};
   const RowFinish<OP, T> f(md, safe);
+  if (OP == kSoftmax) {
+    const C scale = f.empty ? f.empty_value() : f.scale;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    if (OP == kSoftmax) {
-      // The kept exps times 1 / d; an empty row's outputs are one value. Selecting f(v[j]) there
-      // instead (an exp) doubled the exps and logs nvcc emitted: H200 16-bit softmax rows of 2, 3
-      // and 6 columns (packed) +3 to +5 points of the copy, 5 and 7 columns +10 with two tiles.
-      v[j] = f.empty ? f.empty_value() : v[j] * f.scale;
-    } else {
-      v[j] = f(v[j]);
-    }
+    for (int j = 0; j < N; ++j) v[j] *= scale;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = f(v[j]);
   }
 }
 
@@ -611,12 +625,13 @@ template <int GROUP> PS_DEVICE int packed_flip(int thread) {
     return 0;
   } else {
     static_assert((GROUP & (GROUP - 1)) == 0 && GROUP <= 8, "even groups of 2, 4 or 8 slots");
-    return thread / (8 / GROUP) % GROUP;  // 8 slots of 16 bytes span the 32 banks
+    return static_cast<unsigned>(thread) / (8 / GROUP) % GROUP;  // 8 slots of 16 bytes span the 32 banks
   }
 }
-// Where slot `place` of a round's tile lies: its group's, at the XOR-ed index.
+// Where slot `place` of a round's tile lies: its group's, at the XOR-ed index (for a power-of-two
+// GROUP, place XOR the flip of its group).
 template <int GROUP> PS_DEVICE int packed_swizzle(int place) {
-  return place - place % GROUP + (place % GROUP ^ packed_flip<GROUP>(place / GROUP));
+  return place ^ packed_flip<GROUP>(static_cast<unsigned>(place) / GROUP);
 }
 
 template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
@@ -626,13 +641,37 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   const i64 step = (i64)PS_GRID_DIM_X * threads;
   const i64 round = DEPTH * step;      // groups of the grid's round
   const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile
-  // A round's slots into `at`, in order but for the swizzle within each group.
+  // Where the slots of the round's u-th block of groups are all whole vectors (every round but
+  // the span's first and last), its loops take no test a slot and address it from one pointer:
+  // RowSlots' 64-bit tests and addresses were about half the instructions of a 16-byte slot's
+  // copy or store, in a tier the H200 holds to its instruction issue.
+  const i64 whole_from = span.pad > 0 ? 1 : 0, whole_end = (span.pad + span.cols) / VEC;
+  auto all_whole = [&](i64 first) { return first >= whole_from && first + threads * GROUP <= whole_end; };
+  // A round's slots into `at`, in order but for the swizzle within each group: slot place = s *
+  // threads + thread of each block of groups, s < GROUP. The loops over s stay rolled: unrolled,
+  // nvcc kept every slot's address in registers (16-bit 7 columns 72 -> 98 a thread, 32: 40 -> 50).
   auto copy_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
-      for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
-        const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) copy_slot_to_cache(span, k, &at[(u * threads) * GROUP + packed_swizzle<GROUP>(place)]);
+      const i64 first = (base + u * step) * GROUP;
+      Vec<T, VEC>* to = &at[(u * threads) * GROUP];
+#if PS_ASYNC_COPY
+      if constexpr (kAsyncSlots<T, VEC>) {
+        if (all_whole(first)) {
+          const T* from = span.x + (first * VEC - span.pad);
+#pragma unroll 1
+          for (int s = 0; s < GROUP; ++s) {
+            const int place = s * threads + PS_THREAD_X;
+            async_copy<sizeof(Vec<T, VEC>)>(&to[packed_swizzle<GROUP>(place)], from + place * VEC);
+          }
+          continue;
+        }
+      }
+#endif
+#pragma unroll 1
+      for (int s = 0; s < GROUP; ++s) {
+        const int place = s * threads + PS_THREAD_X;
+        if (first + place < span.slots) copy_slot_to_cache(span, first + place, &to[packed_swizzle<GROUP>(place)]);
       }
     }
   };
@@ -664,9 +703,21 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
     PS_SYNC();
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
-      for (int place = PS_THREAD_X; place < threads * GROUP; place += threads) {
-        const i64 k = (base + u * step) * GROUP + place;
-        if (k < span.slots) span.store_raw(k, at[(u * threads) * GROUP + packed_swizzle<GROUP>(place)]);
+      const i64 first = (base + u * step) * GROUP;
+      const Vec<T, VEC>* from = &at[(u * threads) * GROUP];
+      if (all_whole(first)) {
+        Vec<T, VEC>* to = reinterpret_cast<Vec<T, VEC>*>(span.y + (first * VEC - span.pad));
+#pragma unroll 1
+        for (int s = 0; s < GROUP; ++s) {
+          const int place = s * threads + PS_THREAD_X;
+          to[place] = from[packed_swizzle<GROUP>(place)];
+        }
+      } else {
+#pragma unroll 1
+        for (int s = 0; s < GROUP; ++s) {
+          const int place = s * threads + PS_THREAD_X;
+          if (first + place < span.slots) span.store_raw(first + place, from[packed_swizzle<GROUP>(place)]);
+        }
       }
     }
     PS_SYNC();  // the tile is copied into again
@@ -816,17 +867,34 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   }
   m = max_over_lanes<LANES>(m);
   C d = C(0);
+  // Softmax takes its exps with a factor the row shares where it can (ExpShifted, an instruction a
+  // value fewer), and its outputs then as 2^(x log2(e) - h - log2(d)) with the same h.
+  bool shifted = false;
+  C h = C(0);
   // The sum of exps: an empty row's is 0. Groups that share a warp take other rows (or none),
   // and shuffles need every lane of the warp, so those take no branch on their row: an empty
   // row's exps are taken about 0, where every value's exp is 0.
   auto sum_exps = [&](C about) {
-    const ExpMinus<C> exp_minus(about);
-    if (leader) d = exp_minus(first) + exp_minus(last);  // exp(-inf - m) = 0
-    for_each_word_from<LANES>(start, words, [&](int k) {
-      widen(read_word(word + k), v);
+    auto add_exps = [&](const auto& exp_of) {
+      if (leader) d = exp_of(first) + exp_of(last);  // exp(-inf - m) = 0
+      for_each_word_from<LANES>(start, words, [&](int k) {
+        widen(read_word(word + k), v);
 #pragma unroll
-      for (int j = 0; j < G; ++j) d += exp_minus(v[j]);
-    });
+        for (int j = 0; j < G; ++j) d += exp_of(v[j]);
+      });
+    };
+    if constexpr (OP == kSoftmax && same_type<C, float>::value) {
+      if (exp_shift_fits<T>(about)) {
+        const ExpShifted exp_shifted(about);
+        shifted = true;
+        h = exp_shifted.h;
+        add_exps(exp_shifted);
+      } else {
+        add_exps(ExpMinus<C>(about));
+      }
+    } else {
+      add_exps(ExpMinus<C>(about));
+    }
     d = sum_over_lanes<LANES>(d);
   };
   if constexpr (kGroupsShareWarp<LANES>) {
@@ -852,6 +920,9 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   };
   if (f.empty) {
     write([&](C) { return f.empty_value(); });
+  } else if (OP == kSoftmax && same_type<C, float>::value && shifted) {
+    const C log2_d = log2_for<T>(d);
+    write([&](C x) { return PS_FAST_EXP2F(fmaf(x, 1.44269504088896341f, -h) - log2_d); });
   } else {
     write([&](C x) { return f.value(x); });
   }

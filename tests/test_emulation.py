@@ -373,10 +373,14 @@ def async_planner(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [d for d in V.DTYPES if V.packed_cols(d)])
 @pytest.mark.parametrize("copies", ["sync", "async"])
-def test_every_packed_row_length(request, rng, dtype, copies):
+def test_every_packed_row_length(request, monkeypatch, rng, dtype, copies):
     """Every row length of the packed tier, its span starting on a vector and one row into it (so
     that the first group is partial), 1000 rows (the last group partial too), with and without
-    asynchronous copies."""
+    asynchronous copies. The planner's floor on the grid of long groups is lifted: 1000 rows are
+    a few blocks."""
+    monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
+    plan.cache_clear()
+    request.addfinalizer(plan.cache_clear)
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     # a block's shared memory as large as an H100's default (the 7-column tile takes 28 KiB)
     runtime = EmulatedRuntime(library, 32, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
@@ -401,6 +405,7 @@ def test_packed_blocks_of_two_tiles_over_several_rounds(async_library, async_pla
     (stages = 1, the next round copied after a round's stores) on a grid of one block, too."""
     monkeypatch.setattr(planner, "PACKED_THREADS", 32)
     monkeypatch.setattr(planner, "PACKED_ROUNDS", 3)
+    monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
     runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=48 * 1024,
                               shared_mem_per_block_optin=96 * 1024, shared_mem_per_multiprocessor=128 * 1024)
     long_groups = [c for c in V.packed_cols(dtype) if np.lcm(c, V.vector_widths(dtype)[1]) > 32]
@@ -627,6 +632,24 @@ def test_log_softmax_of_a_dominant_max_keeps_its_small_output(runtime, rng, dtyp
         tier = _tier(runtime, x, 1, "log_softmax", False)
         got = run_host_array(runtime, x, 1, "log_softmax", False)
         assert_close(got, x, 1, "log_softmax", False, f"{dtype} {rows}x{cols} {tier}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_softmax_rows_in_registers_on_both_sides_of_the_shifted_exp_bound(runtime, rng, dtype):
+    """Softmax rows held in registers take their exps relative to m log2(e) rounded while |m| <= 2^20
+    (ExpShifted, float16 always) and relative to m beyond: rows whose max lies just inside and
+    outside that bound, and near the dtype's largest values, in the packed, staged and register tiers."""
+    largest = {"float32": 3e38, "bfloat16": 3e38, "float16": 6e4}[dtype]
+    centres = [c for c in (1.0e6, -1.0e6, 1.2e6, -3.0e6, 1e30, largest) if abs(c) <= largest]
+    tiers = set()
+    for rows, cols in [(64, 3), (64, 6), (33, 37), (40, 127), (600, 100), (9, 1000)]:
+        for centre in centres:
+            x = (centre + 4.0 * rng.standard_normal((rows, cols))).astype(host_dtype(dtype))
+            for safe in (False, True):
+                tiers.add(_tier(runtime, x, 1, "softmax", safe))
+                got = run_host_array(runtime, x, 1, "softmax", safe)
+                assert_close(got, x, 1, "softmax", safe, f"{dtype} {rows}x{cols} around {centre:g}")
+    assert {"staged", "warp"} <= tiers, tiers
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])

@@ -202,7 +202,7 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert chosen("float16", 1500) == ("staged_group", 16)  # 8 rows of 3000 bytes
     assert chosen("float16", 320) == ("staged_group", 16)  # 160 words: 4 and 8 lanes all on the same banks
     assert chosen("float16", 160) == ("staged_group", 8)  # 80 words: 4 lanes 4 ways
-    assert {chosen("float16", c)[0] for c in (64, 90, 92, 100)} == {"staged"}  # up to 256 bytes: a thread a row
+    assert {chosen("float16", c)[0] for c in (90, 92, 100)} == {"staged"}  # up to 256 bytes: a thread a row
     assert chosen("float16", 255) == ("staged_group", 4)  # 4 lanes: 8 ways in order, 2 interleaved
     assert plan(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
     assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in order
@@ -218,7 +218,8 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
     assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
     assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
-    assert chosen("float16", 64)[0] == "staged"  # padded rows of up to 128 bytes stay a thread a row
+    # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
+    assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
     assert chosen("float32", 128)[0] == "warp"  # float32 rows are not padded
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
     assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
@@ -233,7 +234,7 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     vec = V.vector_widths(dtype)[1]
     for cols in (*range(1, 9), 16, 32, 64):
         for misalign in range(0, vec, cols):  # the span starts on a row boundary within its vector
-            p = plan(RowProblem(dtype, "log_softmax", 1000, cols, x_misalign=misalign, y_misalign=misalign), device)
+            p = plan(RowProblem(dtype, "log_softmax", 1 << 20, cols, x_misalign=misalign, y_misalign=misalign), device)
             assert (p.tier == "packed") == (cols in V.packed_cols(dtype)), (cols, misalign, p.tier)
             if p.tier == "packed":
                 assert p.launches[0].kernel == V.packed_name(dtype, "log_softmax", cols)
@@ -256,9 +257,13 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
         assert "packed" not in {padded.tier, mixed.tier} and (off_row.tier == "packed") == (cols == 1)
         # a tile larger than the block's shared memory: another tier
         small = replace(device, shared_mem_per_block=16 * 1024, shared_mem_per_block_optin=16 * 1024)
-        packed = plan(RowProblem(dtype, "softmax", 1000, cols), device)
+        packed = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         tile = packed.launches[0].shared_mem // packed.notes["stages"]
-        assert (plan(RowProblem(dtype, "softmax", 1000, cols), small).tier == "packed") == (tile <= 16 * 1024)
+        assert (plan(RowProblem(dtype, "softmax", 1 << 20, cols), small).tier == "packed") == (tile <= 16 * 1024)
+        # groups of more than 32 values (16-bit 5, 7 and 64 columns) only on a grid of at least half
+        # a block a multiprocessor: 1000 rows are a few blocks, which the staged tier spreads wider
+        few = plan(RowProblem(dtype, "softmax", 1000, cols), device)
+        assert (few.tier == "packed") == (packed.notes["values_per_thread"] <= 32), (cols, few.tier)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
