@@ -1,0 +1,102 @@
+// Helpers shared by the standalone measurements (block_rows.cu, split_bulk.cu).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+__host__ __device__ __forceinline__ long lmin(long a, long b) { return a < b ? a : b; }
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+
+__device__ __forceinline__ float ex2(float v) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v)); return r; }
+__host__ __device__ __forceinline__ float tof(float v) { return v; }
+__host__ __device__ __forceinline__ float tof(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T fromf(float v);
+template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+struct MD { float m, d; };
+__device__ __forceinline__ MD comb(MD a, MD b) {
+  float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return MD{-INFINITY, 0.f};
+  return MD{m, a.d * ex2((a.m - m) * 1.4426950408889634f) + b.d * ex2((b.m - m) * 1.4426950408889634f)};
+}
+__device__ MD block_reduce(MD md) {
+  __shared__ float wm[32], wd[32];
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 16; o; o /= 2) md = comb(md, MD{__shfl_xor_sync(~0u, md.m, o), __shfl_xor_sync(~0u, md.d, o)});
+  if (lane == 0) { wm[warp] = md.m; wd[warp] = md.d; }
+  __syncthreads();
+  if (warp == 0) {
+    MD p{-INFINITY, 0.f};
+    if (lane < warps) p = MD{wm[lane], wd[lane]};
+    for (int o = 16; o; o /= 2) p = comb(p, MD{__shfl_xor_sync(~0u, p.m, o), __shfl_xor_sync(~0u, p.d, o)});
+    if (lane == 0) { wm[0] = p.m; wd[0] = p.d; }
+  }
+  __syncthreads();
+  MD t{wm[0], wd[0]};
+  __syncthreads();
+  return t;
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t* b, unsigned phase) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tWAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(b)), "r"(phase) : "memory");
+}
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+template <typename T> struct V16 { float4 raw; };
+template <typename T> __device__ __forceinline__ void widen16(const float4& r, float* v);
+template <> __device__ __forceinline__ void widen16<float>(const float4& r, float* v) { v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w; }
+template <> __device__ __forceinline__ void widen16<__nv_bfloat16>(const float4& r, float* v) {
+  const unsigned* w = reinterpret_cast<const unsigned*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) { v[2 * i] = __uint_as_float(w[i] << 16); v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
+}
+template <typename T> __device__ __forceinline__ float4 narrow16(const float* v);
+template <> __device__ __forceinline__ float4 narrow16<float>(const float* v) { return make_float4(v[0], v[1], v[2], v[3]); }
+template <> __device__ __forceinline__ float4 narrow16<__nv_bfloat16>(const float* v) {
+  float4 r;
+  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  return r;
+}
+
+__global__ void fill(float* p, long n, unsigned seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = ((h & 0xffffff) / 16777216.0f - 0.5f) * 8.0f;
+  }
+}
+__global__ void tobf(const float* a, __nv_bfloat16* b, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) b[i] = __float2bfloat16_rn(a[i]);
+}
+
