@@ -4,7 +4,8 @@
 // part of its row in registers (hybrid). Its main times blockv on 256 MiB inputs against the
 // device copy; helpers in common.cuh.
 // Build and run on an sm_90 GPU:  nvcc -arch=sm_90 -O3 -std=c++17 -o block_rows block_rows.cu -lcuda && ./block_rows
-// (./block_rows PATH/softmax_f32.<code object>: the library's block kernel beside it instead).
+// (./block_rows --hybrid: the hybrid kernel against blockv; ./block_rows PATH/softmax_f32.<code object>:
+// the library's block kernel beside blockv).
 #include "common.cuh"
 
 // A block per row: the first REG * blockDim slots in registers (plain 16-byte loads, all in
@@ -27,85 +28,26 @@ __global__ void __launch_bounds__(THREADS) hybrid(const T* x, T* y, long rows, l
     const int k = j * THREADS + threadIdx.x;
     if (k < in_regs) r[j] = __ldcs(src + k);
   }
-  float m = -INFINITY, d = 0.f;
-  auto push = [&](const float4& raw) {
-    float v[VEC];
-    widen16<T>(raw, v);
-    float top = v[0];
-#pragma unroll
-    for (int e = 1; e < VEC; ++e) top = fmaxf(top, v[e]);
-    if (top > m) { d *= ex2((m - top) * 1.4426950408889634f); m = top; }
-    const float h = m * 1.4426950408889634f;
-    float s = 0.f;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e], 1.4426950408889634f, -h));
-    d += s;
-  };
+  RowSum<T, 0, 1> sum;
 #pragma unroll
   for (int j = 0; j < REG; ++j) {
-    const int k = j * THREADS + threadIdx.x;
-    if (k < in_regs) push(r[j]);
+    if (j * THREADS + (int)threadIdx.x < in_regs) sum.push(r[j]);
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
-  for (int j = threadIdx.x; j < n; j += THREADS) push(cache[j]);
-  const MD md = block_reduce(MD{m, d});
-  const float L = 1.4426950408889634f;
-  const float h = md.m * L + __log2f(md.d);
-  auto out = [&](float4* at, const float4& raw) {
-    float v[VEC];
-    widen16<T>(raw, v);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) v[e] = ex2(fmaf(v[e], L, -h));
-    const float4 o = narrow16<T>(v);
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(o.x)), "r"(__float_as_uint(o.y)),
-                 "r"(__float_as_uint(o.z)), "r"(__float_as_uint(o.w)));
-  };
+  for (int j = threadIdx.x; j < n; j += THREADS) sum.push(cache[j]);
+  const MD md = block_reduce(sum.md());
+  const float h = md.m * kLog2e + __log2f(md.d);
+  auto softmax = [&](float v) { return ex2(fmaf(v, kLog2e, -h)); };
 #pragma unroll
   for (int j = 0; j < REG; ++j) {
     const int k = j * THREADS + threadIdx.x;
-    if (k < in_regs) out(dst + k, r[j]);
+    if (k < in_regs) store16(dst + k, map16<T>(r[j], softmax));
   }
-  for (int j = threadIdx.x; j < n; j += THREADS) out(dst + in_regs + j, cache[j]);
+  for (int j = threadIdx.x; j < n; j += THREADS) store16(dst + in_regs + j, map16<T>(cache[j], softmax));
 }
 
-template <typename T, int REG, int THREADS>
-float run_h(const T* x, T* y, long rows, long cols, void* flush, size_t flush_bytes, int reps, double* err, int* per_sm_out) {
-  constexpr int VEC = 16 / sizeof(T);
-  const long slots = cols / VEC;
-  const long n = slots - std::min<long>((long)REG * THREADS, slots);
-  const size_t shared = (size_t)n * 16;
-  auto k = hybrid<T, REG, THREADS>;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm_out, k, THREADS, shared));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaMemsetAsync(y, 0xff, rows * cols * sizeof(T)));  // poison
-    CK(cudaMemsetAsync(flush, r + 1, flush_bytes));
-    CK(cudaEventRecord(a));
-    k<<<rows, THREADS, shared>>>(x, y, rows, cols);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  *err = 0;
-  std::vector<T> hbuf(cols);
-  for (long rr : {0L, rows / 2, rows - 1}) {
-    CK(cudaMemcpy(hbuf.data(), y + rr * cols, cols * sizeof(T), cudaMemcpyDeviceToHost));
-    double s = 0;
-    for (long i = 0; i < cols; ++i) s += (double)tof(hbuf[i]);
-    *err = std::max(*err, std::abs(s - 1.0));
-  }
-  return t[t.size() / 2];
-}
-
-
+// The block tier's structure with plain loops over aligned 16-byte slots: the row's copies in
+// GROUPS commit groups, (m, d) by RowSum<KAHAN, SHIFT> as each group lands, outputs from the cache.
 template <typename T, int THREADS, int KAHAN, int SHIFT, int GROUPS>
 __global__ void __launch_bounds__(THREADS) blockv(const T* x, T* y, long rows, long cols) {
   constexpr int VEC = 16 / sizeof(T);
@@ -120,35 +62,7 @@ __global__ void __launch_bounds__(THREADS) blockv(const T* x, T* y, long rows, l
     for (; j < n * (g + 1) / GROUPS; j += THREADS) cp16(cache + j, src + j);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  const float L = 1.4426950408889634f;
-  float m = -INFINITY, d = 0.f, carry = 0.f;
-  auto push = [&](const float4& raw) {
-    float v[VEC];
-    widen16<T>(raw, v);
-    float top = v[0];
-#pragma unroll
-    for (int e = 1; e < VEC; ++e) top = fmaxf(top, v[e]);
-    if (top > m) {
-      const float sc = m == -INFINITY ? 0.f : (SHIFT ? ex2((m - top) * L) : expf(m - top));
-      d *= sc; carry *= sc; m = top;
-    }
-    float s = 0.f;
-    if (SHIFT) {
-      const float h = m * L;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e], L, -h));
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e] - m, L, -0.0f));
-    }
-    if (KAHAN) {
-      const float yk = s - carry, t = d + yk;
-      carry = (t - d) - yk;
-      d = t;
-    } else {
-      d += s;
-    }
-  };
+  RowSum<T, KAHAN, SHIFT> sum;
   j = threadIdx.x;
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
@@ -156,169 +70,115 @@ __global__ void __launch_bounds__(THREADS) blockv(const T* x, T* y, long rows, l
     else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
     else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
-    for (; j < n * (g + 1) / GROUPS; j += THREADS) push(cache[j]);
+    for (; j < n * (g + 1) / GROUPS; j += THREADS) sum.push(cache[j]);
   }
   // (Each thread reads back only its own slots: no barrier needed for the cache.)
-  const MD md = block_reduce(MD{m, d});
-  const float hh = md.m * L;
+  const MD md = block_reduce(sum.md());
+  const float hh = md.m * kLog2e;
   const float l2d = __log2f(md.d);
-  auto out = [&](float4* at, const float4& raw) {
-    float v[VEC];
-    widen16<T>(raw, v);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) v[e] = SHIFT ? ex2(fmaf(v[e], L, -hh) - l2d) : ex2(fmaf(v[e] - md.m, L, -l2d));
-    const float4 o = narrow16<T>(v);
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(o.x)), "r"(__float_as_uint(o.y)),
-                 "r"(__float_as_uint(o.z)), "r"(__float_as_uint(o.w)));
-  };
-  for (j = threadIdx.x; j < n; j += THREADS) out(dst + j, cache[j]);
+  auto softmax = [&](float v) { return SHIFT ? ex2(fmaf(v, kLog2e, -hh) - l2d) : ex2(fmaf(v - md.m, kLog2e, -l2d)); };
+  for (j = threadIdx.x; j < n; j += THREADS) store16(dst + j, map16<T>(cache[j], softmax));
 }
 
+// Times a kernel of one block of `threads` a row whose shared memory holds `shared_bytes`; returns
+// (ms, largest |row sum - 1|, blocks a multiprocessor).
+struct Timing { float ms; double err; int per_sm; };
+template <typename T, typename Kernel>
+Timing time_rows(const Bench& bench, Kernel kernel, int threads, size_t shared_bytes, const T* x, T* y, long rows, long cols) {
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+  Timing t;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&t.per_sm, kernel, threads, shared_bytes));
+  t.ms = bench.median_ms(y, [&] { kernel<<<rows, threads, shared_bytes>>>(x, y, rows, cols); });
+  t.err = row_sum_error(y, rows, cols);
+  return t;
+}
 template <typename T, int THREADS, int KAHAN, int SHIFT, int GROUPS>
-float run_b(const T* x, T* y, long rows, long cols, void* flush, size_t flush_bytes, int reps, double* err) {
-  const size_t shared = (size_t)cols * sizeof(T);
-  auto k = blockv<T, THREADS, KAHAN, SHIFT, GROUPS>;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaMemsetAsync(y, 0xff, rows * cols * sizeof(T)));  // poison
-    CK(cudaMemsetAsync(flush, r + 1, flush_bytes));
-    CK(cudaEventRecord(a));
-    k<<<rows, THREADS, shared>>>(x, y, rows, cols);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  *err = 0;
-  std::vector<T> hbuf(cols);
-  for (long rr : {0L, rows / 2, rows - 1}) {
-    CK(cudaMemcpy(hbuf.data(), y + rr * cols, cols * sizeof(T), cudaMemcpyDeviceToHost));
-    double s = 0;
-    for (long i = 0; i < cols; ++i) s += (double)tof(hbuf[i]);
-    *err = std::max(*err, std::abs(s - 1.0));
-  }
-  return t[t.size() / 2];
+Timing run_blockv(const Bench& bench, const T* x, T* y, long rows, long cols) {
+  return time_rows(bench, blockv<T, THREADS, KAHAN, SHIFT, GROUPS>, THREADS, (size_t)cols * sizeof(T), x, y, rows, cols);
+}
+template <typename T, int REG, int THREADS>
+Timing run_hybrid(const Bench& bench, const T* x, T* y, long rows, long cols) {
+  const long slots = cols * (long)sizeof(T) / 16;
+  const size_t shared = (size_t)(slots - lmin((long)REG * THREADS, slots)) * 16;
+  return time_rows(bench, hybrid<T, REG, THREADS>, THREADS, shared, x, y, rows, cols);
 }
 
-// The library's own block-tier kernel (argv[1]: the package's softmax_f32 code object) under this
+// The library's own block-tier float32 kernel (from its code object at `path`) under this
 // harness: telling the harness from the kernel.
-float run_lib(const char* path, const char* name, const float* x, float* y, long rows, long cols, void* flush,
-              size_t flush_bytes, int reps, double* err) {
+Timing run_library(const Bench& bench, const char* path, const float* x, float* y, long rows, long cols) {
   CUmodule mod;
   CUfunction fn;
   if (cuModuleLoad(&mod, path) != CUDA_SUCCESS) { fprintf(stderr, "cannot load %s\n", path); exit(1); }
-  if (cuModuleGetFunction(&fn, mod, name) != CUDA_SUCCESS) { fprintf(stderr, "no %s\n", name); exit(1); }
+  if (cuModuleGetFunction(&fn, mod, "ps_block_f32_softmax_w32_v4") != CUDA_SUCCESS) {
+    fprintf(stderr, "no ps_block_f32_softmax_w32_v4 in %s\n", path);
+    exit(1);
+  }
   const unsigned shared = (unsigned)(cols * 4);
   cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
   long long r = rows, c = cols, xs = cols, ys = cols;
   int safe = 0;
   void* args[] = {(void*)&x, (void*)&y, &r, &c, &xs, &ys, &safe};
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int k = 0; k < reps; ++k) {
-    CK(cudaMemsetAsync(y, 0xff, rows * cols * sizeof(float)));
-    CK(cudaMemsetAsync(flush, k + 1, flush_bytes));
-    CK(cudaEventRecord(a));
-    if (cuLaunchKernel(fn, (unsigned)rows, 1, 1, 512, 1, 1, shared, 0, args, 0) != CUDA_SUCCESS) { fprintf(stderr, "launch\n"); exit(1); }
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  std::vector<float> h(cols);
-  *err = 0;
-  for (long rr : {0L, rows - 1}) {
-    CK(cudaMemcpy(h.data(), y + rr * cols, cols * 4, cudaMemcpyDeviceToHost));
-    double s = 0;
-    for (long i = 0; i < cols; ++i) s += h[i];
-    *err = std::max(*err, std::abs(s - 1.0));
-  }
-  return t[t.size() / 2];
+  Timing t{0, 0, 0};
+  t.ms = bench.median_ms(y, [&] {
+    if (cuLaunchKernel(fn, (unsigned)rows, 1, 1, 512, 1, 1, shared, 0, args, 0) != CUDA_SUCCESS) {
+      fprintf(stderr, "launch failed\n");
+      exit(1);
+    }
+  });
+  t.err = row_sum_error(y, rows, cols);
+  return t;
 }
 
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  const long bytes = 256L << 20;
-  float *xf, *yf;
-  void* flush;
-  const size_t flush_bytes = 256L << 20;
-  CK(cudaMalloc(&xf, bytes));
-  CK(cudaMalloc(&yf, bytes));
-  CK(cudaMalloc(&flush, flush_bytes));
-  fill<<<1024, 256>>>(xf, bytes / 4, 7);
-  __nv_bfloat16 *xb, *yb;
-  CK(cudaMalloc(&xb, bytes));
-  CK(cudaMalloc(&yb, bytes));
-  float* tmp;
-  CK(cudaMalloc(&tmp, bytes * 2));
-  fill<<<1024, 256>>>(tmp, bytes / 2, 9);
-  tobf<<<1024, 256>>>(tmp, xb, bytes / 2);
-  CK(cudaDeviceSynchronize());
-  const int reps = 10;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  auto copy_ms = [&]() {
-    std::vector<float> t;
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaMemsetAsync(flush, r, flush_bytes));
-      CK(cudaEventRecord(a));
-      CK(cudaMemcpyAsync(yf, xf, bytes, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+  Bench bench;
+  const long bytes = Bench::kBytes;
+  const float copy = bench.copy_ms();
+  printf("copy %.4f ms (%.0f GB/s)\n", copy, 2.0 * bytes / copy / 1e6);
+  auto rep = [&](const char* what, long rows, long cols, Timing t) {
+    printf("  %-28s %ldx%ld %5.1f%% of copy  (blocks/SM %d, |sum-1| %.1e)\n", what, rows, cols, 100 * copy / t.ms, t.per_sm, t.err);
   };
-  const float c0 = copy_ms();
-  printf("copy %.4f ms (%.0f GB/s)\n", c0, 2.0 * bytes / c0 / 1e6);
-  double e;
-  int ps;
-  auto rep = [&](const char* what, long rows, long cols, float t) {
-    printf("  %-28s %ldx%ld %5.1f%% of copy  (blocks/SM %d, |sum-1| %.1e)\n", what, rows, cols, 100 * c0 / t, ps, e);
-  };
-  ps = 0;
-  if (argc > 1) {
+  const bool hybrids = argc > 1 && std::string(argv[1]) == "--hybrid";
+  if (argc > 1 && !hybrids) {
     for (int pass = 0; pass < 2; ++pass) {
       for (long cols : {32000L, 50256L, 40000L}) {
         const long rows = bytes / 4 / cols;
-        rep("library ps_block_f32 softmax", rows, cols, run_lib(argv[1], "ps_block_f32_softmax_w32_v4", xf, yf, rows, cols, flush, flush_bytes, reps, &e));
-        rep("f32 kahan1 shift0 g4", rows, cols, run_b<float, 512, 1, 0, 4>(xf, yf, rows, cols, flush, flush_bytes, reps, &e));
+        rep("library ps_block_f32 softmax", rows, cols, run_library(bench, argv[1], bench.xf, bench.yf, rows, cols));
+        rep("f32 kahan1 shift0 g4", rows, cols, run_blockv<float, 512, 1, 0, 4>(bench, bench.xf, bench.yf, rows, cols));
       }
     }
     return 0;
   }
-  for (int data = 0; data < 2; ++data) {
-    fill<<<1024, 256>>>(xf, bytes / 4, data ? 0x107 : 7);
-    fill<<<1024, 256>>>(tmp, bytes / 2, data ? 0x109 : 9);
-    tobf<<<1024, 256>>>(tmp, xb, bytes / 2);
-    CK(cudaDeviceSynchronize());
-    printf(data ? "normal*4 data\n" : "uniform +-4 data\n");
+  if (hybrids) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (long cols : {32000L, 40000L, 24000L}) {
+        const long rows = bytes / 4 / cols;
+        rep("f32 smem 512thr", rows, cols, run_hybrid<float, 0, 512>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 smem 256thr", rows, cols, run_hybrid<float, 0, 256>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg16 256thr", rows, cols, run_hybrid<float, 16, 256>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg8 512thr", rows, cols, run_hybrid<float, 8, 512>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg8 256thr", rows, cols, run_hybrid<float, 8, 256>(bench, bench.xf, bench.yf, rows, cols));
+      }
+      const long cols = 50256, rows = bytes / 2 / cols;
+      rep("bf16 smem 512thr", rows, cols, run_hybrid<__nv_bfloat16, 0, 512>(bench, bench.xb, bench.yb, rows, cols));
+      rep("bf16 reg8 256thr", rows, cols, run_hybrid<__nv_bfloat16, 8, 256>(bench, bench.xb, bench.yb, rows, cols));
+      rep("bf16 reg4 512thr", rows, cols, run_hybrid<__nv_bfloat16, 4, 512>(bench, bench.xb, bench.yb, rows, cols));
+      rep("bf16 reg16 256thr", rows, cols, run_hybrid<__nv_bfloat16, 16, 256>(bench, bench.xb, bench.yb, rows, cols));
+    }
+    return 0;
+  }
+  for (int normal = 0; normal < 2; ++normal) {
+    bench.fill_inputs(normal != 0);
+    printf(normal ? "normal*4 data\n" : "uniform +-4 data\n");
     for (long cols : {32000L, 50256L}) {
       const long rows = bytes / 4 / cols;
-      rep("f32 kahan1 shift0 g1", rows, cols, run_b<float, 512, 1, 0, 1>(xf, yf, rows, cols, flush, flush_bytes, reps, &e));
-      rep("f32 kahan1 shift0 g4", rows, cols, run_b<float, 512, 1, 0, 4>(xf, yf, rows, cols, flush, flush_bytes, reps, &e));
-      rep("f32 kahan1 shift1 g4", rows, cols, run_b<float, 512, 1, 1, 4>(xf, yf, rows, cols, flush, flush_bytes, reps, &e));
+      rep("f32 kahan1 shift0 g1", rows, cols, run_blockv<float, 512, 1, 0, 1>(bench, bench.xf, bench.yf, rows, cols));
+      rep("f32 kahan1 shift0 g4", rows, cols, run_blockv<float, 512, 1, 0, 4>(bench, bench.xf, bench.yf, rows, cols));
+      rep("f32 kahan1 shift1 g4", rows, cols, run_blockv<float, 512, 1, 1, 4>(bench, bench.xf, bench.yf, rows, cols));
     }
-    for (long cols : {50256L}) {
-      const long rows = bytes / 2 / cols;
-      rep("bf16 kahan1 shift0 g2", rows, cols, run_b<__nv_bfloat16, 512, 1, 0, 2>(xb, yb, rows, cols, flush, flush_bytes, reps, &e));
-      rep("bf16 kahan1 shift1 g2", rows, cols, run_b<__nv_bfloat16, 512, 1, 1, 2>(xb, yb, rows, cols, flush, flush_bytes, reps, &e));
-    }
+    const long cols = 50256, rows = bytes / 2 / cols;
+    rep("bf16 kahan1 shift0 g2", rows, cols, run_blockv<__nv_bfloat16, 512, 1, 0, 2>(bench, bench.xb, bench.yb, rows, cols));
+    rep("bf16 kahan1 shift1 g2", rows, cols, run_blockv<__nv_bfloat16, 512, 1, 1, 2>(bench, bench.xb, bench.yb, rows, cols));
   }
   return 0;
 }

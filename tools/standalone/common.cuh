@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 #include <algorithm>
 #include <cstdint>
@@ -16,9 +18,6 @@ __host__ __device__ __forceinline__ long lmin(long a, long b) { return a < b ? a
 __device__ __forceinline__ float ex2(float v) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v)); return r; }
 __host__ __device__ __forceinline__ float tof(float v) { return v; }
 __host__ __device__ __forceinline__ float tof(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T fromf(float v);
-template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 struct MD { float m, d; };
 __device__ __forceinline__ MD comb(MD a, MD b) {
@@ -71,7 +70,6 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
-template <typename T> struct V16 { float4 raw; };
 template <typename T> __device__ __forceinline__ void widen16(const float4& r, float* v);
 template <> __device__ __forceinline__ void widen16<float>(const float4& r, float* v) { v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w; }
 template <> __device__ __forceinline__ void widen16<__nv_bfloat16>(const float4& r, float* v) {
@@ -89,14 +87,135 @@ template <> __device__ __forceinline__ float4 narrow16<__nv_bfloat16>(const floa
   return r;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A 16-byte slot widened, each value mapped by f, narrowed back.
+template <typename T, typename F> __device__ __forceinline__ float4 map16(const float4& raw, F f) {
+  constexpr int VEC = 16 / sizeof(T);
+  float v[VEC];
+  widen16<T>(raw, v);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) v[e] = f(v[e]);
+  return narrow16<T>(v);
+}
+// One 16-byte store instruction (nvcc may split a plain one).
+__device__ __forceinline__ void store16(float4* at, const float4& o) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(__float_as_uint(o.x)), "r"(__float_as_uint(o.y)),
+               "r"(__float_as_uint(o.z)), "r"(__float_as_uint(o.w)));
+}
+
+// A thread's streaming (m, d) over 16-byte slots. KAHAN: compensated sum. SHIFT: exps as
+// 2^(x log2 e - h), h = m log2 e, and rescales by the base-2 exp (else 2^((x - m) log2 e), expf).
+template <typename T, int KAHAN, int SHIFT> struct RowSum {
+  float m = -INFINITY, d = 0.f, carry = 0.f;
+  __device__ void push(const float4& raw) {
+    constexpr int VEC = 16 / sizeof(T);
+    float v[VEC];
+    widen16<T>(raw, v);
+    float top = v[0];
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) top = fmaxf(top, v[e]);
+    if (top > m) {
+      const float sc = m == -INFINITY ? 0.f : (SHIFT ? ex2((m - top) * kLog2e) : expf(m - top));
+      d *= sc;
+      carry *= sc;
+      m = top;
+    }
+    float s = 0.f;
+    if (SHIFT) {
+      const float h = m * kLog2e;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e], kLog2e, -h));
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e] - m, kLog2e, -0.0f));
+    }
+    if (KAHAN) {
+      const float yk = s - carry, t = d + yk;
+      carry = (t - d) - yk;
+      d = t;
+    } else {
+      d += s;
+    }
+  }
+  __device__ MD md() const { return MD{m, d}; }
+};
+
 __global__ void fill(float* p, long n, unsigned seed) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
     unsigned h = (unsigned)i * 2654435761u ^ seed;
     h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = ((h & 0xffffff) / 16777216.0f - 0.5f) * 8.0f;
+    if (seed & 0x100) {  // about normal * 4: a sum of 12 uniforms
+      float acc = 0.f;
+      for (int k = 0; k < 12; ++k) { h ^= h << 13; h ^= h >> 17; h ^= h << 5; acc += (h & 0xffffff) / 16777216.0f; }
+      p[i] = (acc - 6.0f) * 4.0f;
+    } else {
+      p[i] = ((h & 0xffffff) / 16777216.0f - 0.5f) * 8.0f;
+    }
   }
 }
 __global__ void tobf(const float* a, __nv_bfloat16* b, long n) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) b[i] = __float2bfloat16_rn(a[i]);
 }
 
+// 256 MiB inputs (float32 and bfloat16), outputs and an L2 flush buffer, and event timings.
+struct Bench {
+  static constexpr long kBytes = 256L << 20;
+  static constexpr int kReps = 10;
+  float *xf, *yf, *tmp;
+  __nv_bfloat16 *xb, *yb;
+  void* flush;
+  cudaEvent_t a, b;
+  Bench() {
+    CK(cudaMalloc(&xf, kBytes));
+    CK(cudaMalloc(&yf, kBytes));
+    CK(cudaMalloc(&xb, kBytes));
+    CK(cudaMalloc(&yb, kBytes));
+    CK(cudaMalloc(&tmp, kBytes * 2));
+    CK(cudaMalloc(&flush, kBytes));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    fill_inputs(false);
+  }
+  // Uniform in +-4, or (normal) about normal times 4.
+  void fill_inputs(bool normal) {
+    fill<<<1024, 256>>>(xf, kBytes / 4, normal ? 0x107 : 7);
+    fill<<<1024, 256>>>(tmp, kBytes / 2, normal ? 0x109 : 9);
+    tobf<<<1024, 256>>>(tmp, xb, kBytes / 2);
+    CK(cudaDeviceSynchronize());
+  }
+  // Median over kReps of launch(), each after poisoning y and flushing the L2.
+  template <typename Launch> float median_ms(void* y, Launch launch) const {
+    std::vector<float> t;
+    for (int r = 0; r < kReps; ++r) {
+      CK(cudaMemsetAsync(y, 0xff, kBytes));
+      CK(cudaMemsetAsync(flush, r + 1, kBytes));
+      CK(cudaEventRecord(a));
+      launch();
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      CK(cudaGetLastError());
+      float ms;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  float copy_ms() const {
+    return median_ms(yf, [&] { CK(cudaMemcpyAsync(yf, xf, kBytes, cudaMemcpyDeviceToDevice)); });
+  }
+};
+
+// The largest |sum - 1| over the first, middle and last output rows.
+template <typename T> double row_sum_error(const T* y, long rows, long cols) {
+  std::vector<T> h(cols);
+  double err = 0;
+  for (long r : {0L, rows / 2, rows - 1}) {
+    CK(cudaMemcpy(h.data(), y + r * cols, cols * sizeof(T), cudaMemcpyDeviceToHost));
+    double s = 0;
+    for (long i = 0; i < cols; ++i) s += (double)tof(h[i]);
+    err = std::max(err, std::abs(s - 1.0));
+  }
+  return err;
+}

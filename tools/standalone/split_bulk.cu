@@ -47,34 +47,20 @@ __global__ void __launch_bounds__(256) proto(const T* x, T* y, unsigned long lon
   }
   for (; row < rows; row += rows_per_round) {
     const long next = row + rows_per_round;
-    // (m, d) of this thread's slots
-    float m = -INFINITY, d = 0.f;
-    auto push = [&](const float4& r) {
-      float v[VEC];
-      widen16<T>(r, v);
-      float top = v[0];
-#pragma unroll
-      for (int e = 1; e < VEC; ++e) top = fmaxf(top, v[e]);
-      if (top > m) { d *= ex2((m - top) * 1.4426950408889634f); m = top; }
-      const float h = m * 1.4426950408889634f;
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += ex2(fmaf(v[e], 1.4426950408889634f, -h));
-      d += s;
-    };
+    RowSum<T, 0, 1> sum;  // (m, d) of this thread's slots
     if (MODE == 0) {
       asm volatile("cp.async.wait_all;" ::: "memory");
-      for (int j = threadIdx.x; j < n; j += blockDim.x) push(cache[j]);
+      for (int j = threadIdx.x; j < n; j += blockDim.x) sum.push(cache[j]);
     } else {
       int j = threadIdx.x;
       for (int p = 0; p < parts; ++p) {
         bar_wait(&bars[p], phase);
         const int b = (int)lmin(n, (p + 1) * part_slots);
-        for (; j < b; j += blockDim.x) push(cache[j]);
+        for (; j < b; j += blockDim.x) sum.push(cache[j]);
       }
       phase ^= 1;
     }
-    MD md = block_reduce(MD{m, d});
+    MD md = block_reduce(sum.md());
     if (MERGE) {
       __shared__ float tm, td;
       if (threadIdx.x == 0) {
@@ -95,41 +81,11 @@ __global__ void __launch_bounds__(256) proto(const T* x, T* y, unsigned long lon
       __syncthreads();
       md = MD{tm, td};
     }
-    const float L = 1.4426950408889634f;
-    const float h = md.m * L + __log2f(md.d);
+    const float h = md.m * kLog2e + __log2f(md.d);
+    auto softmax = [&](float v) { return ex2(fmaf(v, kLog2e, -h)); };
     float4* dst = reinterpret_cast<float4*>(y + row * cols) + begin;
-    if (MODE == 0) {
-      const float4* nsrc = reinterpret_cast<const float4*>(x + next * cols) + begin;
-      for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        float v[VEC];
-        widen16<T>(cache[j], v);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[e] = ex2(fmaf(v[e], L, -h));
-        const float4 o = narrow16<T>(v);
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + j), "r"(__float_as_uint(o.x)), "r"(__float_as_uint(o.y)),
-                     "r"(__float_as_uint(o.z)), "r"(__float_as_uint(o.w)));
-        if (next < rows) cp16(cache + j, nsrc + j);
-      }
-    } else if (MODE == 1) {
-      for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        float v[VEC];
-        widen16<T>(cache[j], v);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[e] = ex2(fmaf(v[e], L, -h));
-        const float4 o = narrow16<T>(v);
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + j), "r"(__float_as_uint(o.x)), "r"(__float_as_uint(o.y)),
-                     "r"(__float_as_uint(o.z)), "r"(__float_as_uint(o.w)));
-      }
-      __syncthreads();
-      if (next < rows) issue_bulk(next);
-    } else {
-      for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        float v[VEC];
-        widen16<T>(cache[j], v);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[e] = ex2(fmaf(v[e], L, -h));
-        cache[j] = narrow16<T>(v);
-      }
+    if (MODE == 2) {  // outputs in place, then bulk stores
+      for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = map16<T>(cache[j], softmax);
       fence_async_smem();
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -137,132 +93,70 @@ __global__ void __launch_bounds__(256) proto(const T* x, T* y, unsigned long lon
         bulk_commit();
         bulk_wait_read();
       }
-      if (next < rows) issue_bulk(next);
+    } else {  // thread stores; MODE 0 refills each slot with the next row's after its store
+      const float4* next_src = reinterpret_cast<const float4*>(x + next * cols) + begin;
+      for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        store16(dst + j, map16<T>(cache[j], softmax));
+        if (MODE == 0 && next < rows) cp16(cache + j, next_src + j);
+      }
+      if (MODE == 1) __syncthreads();
     }
+    if (MODE != 0 && next < rows) issue_bulk(next);
   }
   if (MODE == 2 && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// Times proto<T, MODE, MERGE> on rows x cols (chunks a row, parts a chunk) with every block
+// resident; returns (ms, largest |row sum - 1| where MERGE, else 0).
 template <typename T, int MODE, int MERGE>
-float run(const T* x, T* y, unsigned long long* pairs, long rows, long cols, int chunks, int parts, void* flush, size_t flush_bytes,
-          int reps, double* err) {
-  constexpr int VEC = 16 / sizeof(T);
-  const long slots = cols / VEC;
+std::pair<float, double> run(const Bench& bench, const T* x, T* y, unsigned long long* pairs, long rows, long cols, int chunks,
+                             int parts) {
+  const long slots = cols * (long)sizeof(T) / 16;
   const int chunk_slots = (int)((slots + chunks - 1) / chunks);
   const size_t shared = (size_t)chunk_slots * 16;
   auto k = proto<T, MODE, MERGE>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  int per_sm = 0;
+  int per_sm = 0, sms = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, shared));
-  int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int grid = (per_sm * sms / chunks) * chunks;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaMemsetAsync(flush, r, flush_bytes));
-    CK(cudaMemsetAsync(y, 0xff, rows * cols * sizeof(T)));  // poison
-    CK(cudaMemsetAsync(flush, r + 1, flush_bytes));
-    CK(cudaEventRecord(a));
-    if (MERGE) CK(cudaMemsetAsync(pairs, 0, rows * chunks * 8));
+  const float ms = bench.median_ms(y, [&] {
+    if (MERGE) CK(cudaMemsetAsync(pairs, 0, rows * chunks * 8));  // part of the call, as the library's scratch
     k<<<grid, 256, shared>>>(x, y, pairs, rows, cols, chunks, chunk_slots, parts);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  // check the first and last rows' sums (MERGE only: else each chunk sums to 1)
-  *err = 0;
-  if (MERGE) {
-    std::vector<T> h(cols);
-    for (long rr : {0L, rows / 2, rows - 1}) {
-      CK(cudaMemcpy(h.data(), y + rr * cols, cols * sizeof(T), cudaMemcpyDeviceToHost));
-      double s = 0;
-      for (long i = 0; i < cols; ++i) s += (double)tof(h[i]);
-      *err = std::max(*err, std::abs(s - 1.0));
-    }
-  }
-  (void)per_sm;
-  return t[t.size() / 2];
+  });
+  return {ms, MERGE ? row_sum_error(y, rows, cols) : 0.0};  // without the merge each chunk sums to 1
 }
 
-int main(int argc, char** argv) {
+// The six (MODE, MERGE) variants on one shape: "nomerge" then "merge", each cp.async / bulk loads
+// and thread stores / bulk loads and bulk stores.
+template <typename T>
+void run_all(const Bench& bench, const T* x, T* y, unsigned long long* pairs, const char* dtype, long cols, int chunks,
+             int parts) {
+  const long rows = Bench::kBytes / (long)sizeof(T) / cols;
+  const std::pair<float, double> r[6] = {
+      run<T, 0, 0>(bench, x, y, pairs, rows, cols, chunks, parts), run<T, 1, 0>(bench, x, y, pairs, rows, cols, chunks, parts),
+      run<T, 2, 0>(bench, x, y, pairs, rows, cols, chunks, parts), run<T, 0, 1>(bench, x, y, pairs, rows, cols, chunks, parts),
+      run<T, 1, 1>(bench, x, y, pairs, rows, cols, chunks, parts), run<T, 2, 1>(bench, x, y, pairs, rows, cols, chunks, parts)};
+  const float copy = bench.copy_ms();
+  printf("%s %ldx%ld chunks %d parts %d | nomerge cpasync %.1f bulk+st %.1f bulk+bulkst %.1f | merge cpasync %.1f bulk+st "
+         "%.1f bulk+bulkst %.1f | err %.1e %.1e %.1e\n",
+         dtype, rows, cols, chunks, parts, 100 * copy / r[0].first, 100 * copy / r[1].first, 100 * copy / r[2].first,
+         100 * copy / r[3].first, 100 * copy / r[4].first, 100 * copy / r[5].first, r[3].second, r[4].second, r[5].second);
+}
+
+int main() {
   setvbuf(stdout, NULL, _IONBF, 0);
-  const long bytes = 256L << 20;
-  float *xf, *yf;
-  void* flush;
-  const size_t flush_bytes = 256L << 20;
-  CK(cudaMalloc(&xf, bytes));
-  CK(cudaMalloc(&yf, bytes));
-  CK(cudaMalloc(&flush, flush_bytes));
+  Bench bench;
   unsigned long long* pairs;
   CK(cudaMalloc(&pairs, 1 << 24));
-  fill<<<1024, 256>>>(xf, bytes / 4, 7);
-  __nv_bfloat16 *xb, *yb;
-  CK(cudaMalloc(&xb, bytes));
-  CK(cudaMalloc(&yb, bytes));
-  float* tmp;
-  CK(cudaMalloc(&tmp, bytes * 2));
-  fill<<<1024, 256>>>(tmp, bytes / 2, 9);
-  tobf<<<1024, 256>>>(tmp, xb, bytes / 2);
-  CK(cudaDeviceSynchronize());
-  const int reps = 10;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  auto copy_ms = [&]() {
-    std::vector<float> t;
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaMemsetAsync(flush, r, flush_bytes));
-      CK(cudaEventRecord(a));
-      CK(cudaMemcpyAsync(yf, xf, bytes, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
+  const float copy = bench.copy_ms();
+  printf("copy %.4f ms (%.0f GB/s)\n", copy, 2.0 * Bench::kBytes / copy / 1e6);
+  for (int parts : {1, 4}) {
+    for (auto [cols, chunks] : {std::pair{131072L, 8}, {131072L, 10}, {65536L, 5}, {262144L, 20}, {32000L, 2}}) {
+      run_all(bench, bench.xf, bench.yf, pairs, "f32", cols, chunks, parts);
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
-  const float c0 = copy_ms();
-  printf("copy %.4f ms (%.0f GB/s)\n", c0, 2.0 * bytes / c0 / 1e6);
-  struct Cfg { const char* dt; long cols; int chunks; };
-  std::vector<Cfg> cfgs = {{"f32", 131072, 8}, {"f32", 131072, 10}, {"f32", 65536, 5}, {"f32", 262144, 20}, {"f32", 32000, 2},
-                           {"bf16", 262144, 10}, {"bf16", 131072, 5}, {"bf16", 128256, 5}};
-  for (auto& c : cfgs) {
-    for (int parts : {1, 4}) {
-      double e0, e1, e2, e3, e4, e5;
-      float t0, t1, t2, t3, t4, t5;
-      if (c.dt[0] == 'f') {
-        const long rows = bytes / 4 / c.cols;
-        t0 = run<float, 0, 0>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e0);
-        t1 = run<float, 1, 0>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e1);
-        t2 = run<float, 2, 0>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e2);
-        t3 = run<float, 0, 1>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e3);
-        t4 = run<float, 1, 1>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e4);
-        t5 = run<float, 2, 1>(xf, yf, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e5);
-        printf("f32 %ldx%ld", rows, c.cols);
-      } else {
-        const long rows = bytes / 2 / c.cols;
-        t0 = run<__nv_bfloat16, 0, 0>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e0);
-        t1 = run<__nv_bfloat16, 1, 0>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e1);
-        t2 = run<__nv_bfloat16, 2, 0>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e2);
-        t3 = run<__nv_bfloat16, 0, 1>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e3);
-        t4 = run<__nv_bfloat16, 1, 1>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e4);
-        t5 = run<__nv_bfloat16, 2, 1>(xb, yb, pairs, rows, c.cols, c.chunks, parts, flush, flush_bytes, reps, &e5);
-        printf("bf16 %ldx%ld", rows, c.cols);
-      }
-      const float c1 = copy_ms();
-      const float cb = std::min(c0, c1);
-      printf(" chunks %d parts %d | nomerge cpasync %.1f bulk+st %.1f bulk+bulkst %.1f | merge cpasync %.1f bulk+st %.1f bulk+bulkst %.1f | err %.1e %.1e %.1e\n",
-             c.chunks, parts, 100 * cb / t0, 100 * cb / t1, 100 * cb / t2, 100 * cb / t3, 100 * cb / t4, 100 * cb / t5, e3, e4, e5);
-      fflush(stdout);
+    for (auto [cols, chunks] : {std::pair{262144L, 10}, {131072L, 5}, {128256L, 5}}) {
+      run_all(bench, bench.xb, bench.yb, pairs, "bf16", cols, chunks, parts);
     }
   }
   return 0;
