@@ -362,5 +362,7 @@ template <> struct PackedMax<bfloat16_t> : PackedMaxOf<bfloat16_t, __hip_bfloat1
 
 template <typename C> PS_DEVICE C ps_neg_inf() { return -PS_INF_F; }
 template <> PS_DEVICE double ps_neg_inf<double>() { return -PS_INF_D; }
+template <typename C> PS_DEVICE C ps_lowest() { return -3.40282346638528859812e+38f; }  // the lowest finite value
+template <> PS_DEVICE double ps_lowest<double>() { return -1.79769313486231570815e+308; }
 template <typename C> PS_DEVICE C ps_nan() { return PS_NAN_F; }
 template <> PS_DEVICE double ps_nan<double>() { return PS_NAN_D; }

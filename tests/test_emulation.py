@@ -285,6 +285,10 @@ def _inputs(rng, shape, dtype: str) -> np.ndarray:
         rows[1, -1] = np.inf  # +inf -> NaN, like torch
         rows[2, :] = -np.inf  # all -inf -> NaN, or 0 when safe
         rows[3, :-1] = -np.inf  # one finite element -> exactly 1
+    if rows.shape[0] >= 7:  # the lowest finite value, where the kernels' running max starts
+        lowest = float(ml_dtypes.finfo(host_dtype(dtype)).min)
+        rows[4, :] = lowest  # every term exp(0): 1 / cols each
+        rows[5, :] = np.where(np.arange(cols) % 2 == 0, lowest, -np.inf)  # -inf terms add 0
     if cols > 1:  # a leading run of -inf: whole chunks of a split row have nothing to add
         rows[-1, : (cols * 3) // 5] = -np.inf
     return x.astype(host_dtype(dtype))
