@@ -469,6 +469,17 @@ template <typename T, int VEC> struct CachedChunk {
     return PS_THREAD_X < whole_from ? PS_THREAD_X + PS_BLOCK_DIM_X : PS_THREAD_X;
   }
   PS_DEVICE int whole_end() const { return whole_from + whole; }
+#if PS_ASYNC_COPY
+  // This thread's whole slots from j (one of its own) below stop, by asynchronous copies; returns
+  // its next slot.
+  PS_DEVICE int copy_whole(int j, int stop, Vec<T, VEC>* cache) const {
+    for (; j < stop; j += PS_BLOCK_DIM_X) copy_whole_slot(j, cache);
+    return j;
+  }
+  PS_DEVICE void copy_whole_slot(int j, Vec<T, VEC>* cache) const {
+    async_copy<sizeof(Vec<T, VEC>)>(&cache[j], x0 + j * VEC);
+  }
+#endif
   // f(j) for each partial slot j of this thread's: local slots [0, whole_from) and [tail, n).
   template <typename F> PS_DEVICE void partial_slots(F&& f) const {
     if (static_cast<int>(PS_THREAD_X) < whole_from) f(static_cast<int>(PS_THREAD_X));
@@ -504,16 +515,12 @@ template <typename T, int VEC> struct CachedChunk {
 
 // This thread's slots of [begin, end) (begin + threadIdx, + blockDim, ...) into the cache as
 // stored (cache[0] is slot begin); with kAsyncSlots, there when it returns (for this thread; for
-// the block's other threads after a barrier). Out-of-row elements read as -inf. `issued`: the
-// copies are in flight already (store_and_prefetch), only their wait is left.
+// the block's other threads after a barrier). Out-of-row elements read as -inf.
 template <typename T, int VEC>
-PS_DEVICE void copy_slots_to_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, Vec<T, VEC>* cache,
-                                   bool issued = false) {
+PS_DEVICE void copy_slots_to_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, Vec<T, VEC>* cache) {
 #if PS_ASYNC_COPY
   if constexpr (kAsyncSlots<T, VEC>) {
-    if (!issued) {
-      for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) copy_slot_to_cache(rs, k, &cache[k - begin]);
-    }
+    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) copy_slot_to_cache(rs, k, &cache[k - begin]);
     async_copy_wait_all();
     return;
   }
@@ -560,8 +567,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
 #pragma unroll
       for (int g = 0; g < GROUPS; ++g) {
         const int group_end = chunk.n * (g + 1) / GROUPS;
-        const int stop = group_end < chunk.whole_end() ? group_end : chunk.whole_end();
-        for (; j < stop; j += PS_BLOCK_DIM_X) async_copy<sizeof(Vec<T, VEC>)>(&cache[j], chunk.x0 + j * VEC);
+        j = chunk.copy_whole(j, group_end < chunk.whole_end() ? group_end : chunk.whole_end(), cache);
         async_copy_commit();
       }
       chunk.partial_slots([&](int k) { chunk.load_partial(k, cache); });
@@ -581,9 +587,13 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
     }
   }
   if constexpr (kAsyncSlots<T, VEC>) {  // all copies first, then (m, d) from shared memory
-    copy_slots_to_cache(rs, begin, end, cache, issued);
-    const int n = end > begin ? static_cast<int>(end - begin) : 0;
-    for (int j = PS_THREAD_X; j < n; j += PS_BLOCK_DIM_X) {
+    const CachedChunk<T, VEC> chunk(rs, begin, end);
+    if (!issued) {
+      chunk.copy_whole(chunk.first_whole_of_thread(), chunk.whole_end(), cache);
+      chunk.partial_slots([&](int k) { chunk.load_partial(k, cache); });
+    }
+    async_copy_wait_all();
+    for (int j = PS_THREAD_X; j < chunk.n; j += PS_BLOCK_DIM_X) {
       C v[VEC];
       widen(cache[j], v);
       acc.template push_all<VEC>(v);
@@ -635,17 +645,36 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
     return false;
   } else {
     typedef typename compute_of<T>::type C;
+    if (next_end == begin) {  // no next row
+      store_from_cache(rs, begin, end, cache, f);
+      return false;
+    }
     const CachedChunk<T, VEC> chunk(rs, begin, end), next_chunk(next, begin, next_end);
-    const int last = chunk.n > next_chunk.n ? chunk.n : next_chunk.n;
-    for (int j = PS_THREAD_X; j < last; j += PS_BLOCK_DIM_X) {
+    // Slot j: its output stored, then its place refilled with the next row's (read before the
+    // refill is issued: the store needs it). Where both are whole vectors, with no test a slot
+    // (as in cache_chunk); the rest (a slot or two at either end) with the tests.
+    auto store_then_refill = [&](int j) {
       if (j < chunk.n) {
         C v[VEC];
-        widen(cache[j], v);  // read before the refill below is issued: the store needs it
+        widen(cache[j], v);
         finish_slot<OP, T, VEC>(f, v);
         chunk.store(j, v);
       }
       if (j < next_chunk.n) next_chunk.copy_to_cache(j, cache);
+    };
+    const int lo = chunk.whole_from > next_chunk.whole_from ? chunk.whole_from : next_chunk.whole_from;
+    const int hi = chunk.whole_end() < next_chunk.whole_end() ? chunk.whole_end() : next_chunk.whole_end();
+    const int last = chunk.n > next_chunk.n ? chunk.n : next_chunk.n;
+    int j = PS_THREAD_X < lo ? PS_THREAD_X + PS_BLOCK_DIM_X : PS_THREAD_X;
+    for (; j < hi; j += PS_BLOCK_DIM_X) {
+      C v[VEC];
+      widen(cache[j], v);
+      finish_slot<OP, T, VEC>(f, v);
+      chunk.store_whole(j, v);
+      next_chunk.copy_whole_slot(j, cache);
     }
+    if (static_cast<int>(PS_THREAD_X) < lo) store_then_refill(PS_THREAD_X);
+    for (; j < last; j += PS_BLOCK_DIM_X) store_then_refill(j);
     return true;
   }
 }
