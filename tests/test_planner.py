@@ -394,13 +394,17 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     assert shifted.notes["vec"] == 1
 
 
-def test_clusters_only_on_nvidia_sm90_and_newer():
+def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
     assert has_clusters(PROFILES["h100"])
     assert not has_clusters(PROFILES["mi300x"]) and not has_clusters(PROFILES["rdna3"])
     a100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
                          shared_mem_per_multiprocessor=164 * 1024)
     assert not has_clusters(a100)
     assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "cached"
+    # as committed, no dtype goes to clusters: a block alone on its multiprocessor takes these rows
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block"
+    monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2,))
+    plan.cache_clear()
     p = plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"])
     assert p.tier == "cluster" and p.launches[0].grid == 4096 * p.notes["chunks"], "a cluster per row"
     # few rows: the cached tier spreads them over more blocks; rows of more than four chunks, and
@@ -408,11 +412,13 @@ def test_clusters_only_on_nvidia_sm90_and_newer():
     assert plan(RowProblem("bfloat16", "softmax", 8, 80000), PROFILES["h100"]).tier == "cached"
     assert plan(RowProblem("bfloat16", "softmax", 4096, 120000), PROFILES["h100"]).tier == "cached"
     assert plan(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "cached"
+    plan.cache_clear()  # plans made under the knob
 
 
 def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asynchronous():
     h100 = PROFILES["h100"]
-    for dtype, cols in (("float32", 32000), ("float32", 50257), ("bfloat16", 100000), ("float16", 113000)):
+    for dtype, cols in (("float32", 32000), ("float32", 50257), ("bfloat16", 60000), ("bfloat16", 80000),
+                        ("bfloat16", 100000), ("float16", 113000)):
         p = plan(RowProblem(dtype, "softmax", 4096, cols), h100)
         (launch,) = p.launches
         itemsize = V.DTYPES[dtype][2]
@@ -420,8 +426,7 @@ def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asyn
         # more than half a multiprocessor's shared memory: one such block a multiprocessor
         assert h100.shared_mem_per_multiprocessor // 2 < launch.shared_mem <= h100.shared_mem_per_block_optin
         assert launch.shared_mem >= cols * itemsize
-    # clusters keep the 16-bit rows they take; few rows, and rows past one block, are split
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), h100).tier == "cluster"
+    # few rows, and rows past one block, are split
     assert plan(RowProblem("float32", "softmax", 8, 50257), h100).tier == "cached"
     assert plan(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "cached"
     # loads through registers (AMD) keep the split
