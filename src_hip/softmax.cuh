@@ -464,8 +464,9 @@ template <typename T, int VEC> struct CachedChunk {
 
   // The loops over whole slots with no test a slot: a chunk's other slots are at most its first
   // (the row starts inside it) and its last (the row ends inside it), which their owners take
-  // apart (partial_slots). Measured against a test a slot (H200, % of the copy, block tier): float32
-  // 1335x50257 82-83 -> 85-86, 2097x32000 87.5 -> 89; bfloat16 50256 columns +2.
+  // apart (partial_slots). Measured against a test a slot (H200, % of the copy, block tier, the
+  // library's other pieces as they were): float32 1335x50257 82-83.5 -> 85.8, 2097x32000 87.5 ->
+  // 88.7; bfloat16 2670x50256 91 -> 93.7 (tools/standalone/block_bisect.cu).
   PS_DEVICE int first_whole_of_thread() const {
     return PS_THREAD_X < whole_from ? PS_THREAD_X + PS_BLOCK_DIM_X : PS_THREAD_X;
   }
