@@ -34,6 +34,19 @@ def build(name: str, src: Path, work: Path, arch: str) -> Path:
     return target
 
 
+def check_imports_from(target: Path, work: Path) -> None:
+    """Stop unless `portable_softmax` imports from `target` under the bench's environment: an
+    editable install of the package (its import hook goes ahead of PYTHONPATH) would otherwise
+    have every build bench the same code."""
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    done = subprocess.run([sys.executable, "-c", "import portable_softmax; print(portable_softmax.__file__)"],
+                          cwd=work, env=env, capture_output=True, text=True)
+    where = Path(done.stdout.strip()).resolve() if done.returncode == 0 else None
+    if where is None or target.resolve() not in where.parents:
+        raise SystemExit(f"portable_softmax imports from {where or done.stderr[-500:]}, not from the build at "
+                         f"{target}: uninstall the installed package first (pip uninstall portable_softmax)")
+
+
 def bench(target: Path, bench_args: list[str], json_path: Path, work: Path) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(target)}
     cmd = [sys.executable, "-m", "portable_softmax.cli", "bench", *bench_args, "--json", str(json_path)]
@@ -64,6 +77,8 @@ def main() -> None:
                            pool.map(lambda b: build(b[0], Path(b[1]).resolve(), work, args.arch), builds)))
     if args.build_only:
         return
+    for target in targets.values():
+        check_imports_from(target, work)
     table: dict[tuple, dict[str, list[float]]] = {}
     torch_pct: dict[tuple, list[float]] = {}
     for run in range(args.runs):
