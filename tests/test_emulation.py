@@ -484,6 +484,39 @@ def test_block_tier_rows_past_the_grid_starting_anywhere_in_a_line(request, rng,
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} block")
 
 
+def _block_rows_with_one_owner_of_both_ends(device, dtype: str) -> int | None:
+    """Columns of contiguous block-tier rows (several rows, so that rows start at every element
+    offset of a slot) where some row's first and last slots are both partial and belong to one
+    thread: slots = k * blockDim + 1."""
+    vec = 16 // V.DTYPES[dtype][2]
+    for cols in range(1001, 40000, 2):
+        the_plan = plan(RowProblem(dtype, "softmax", 8, cols), device)
+        if the_plan.tier != "block" or the_plan.notes["vec"] != vec:
+            continue
+        threads = the_plan.launches[0].block
+        for pad in range(1, vec):
+            slots = -(-(pad + cols) // vec)
+            if (slots - 1) % threads == 0 and (pad + cols) % vec:
+                return cols
+    return None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_block_tier_row_whose_first_and_last_partial_slots_share_a_thread(async_library, rng, dtype):
+    """Where copies are asynchronous, a thread reads its partial slot before its copies and places
+    it after them, one slot a thread; a thread owning both ends of a row reads the second after."""
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(async_library, warp)
+        cols = _block_rows_with_one_owner_of_both_ends(runtime.profile(0), dtype)
+        assert cols is not None, f"no such row length at warp {warp}"
+        x = _inputs(rng, (8, cols), dtype)
+        for op, safe in OP_CASES:
+            the_plan = plan(RowProblem(dtype, op, 8, cols, safe=safe), runtime.profile(0))
+            assert the_plan.tier == "block"
+            got = runtime.run_plan(x, the_plan)
+            assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} (8, {cols}) block")
+
+
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
 #: and rows of 514-576 bytes; odd lengths beside them, and short 16-bit rows (9-31 columns; 16 and
