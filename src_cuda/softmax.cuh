@@ -234,6 +234,12 @@ PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, typename compute_of<T>::ty
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = f(v[j]);
 }
+// A slot as stored, widened into v and turned into its outputs.
+template <int OP, typename T, int VEC>
+PS_DEVICE void finish_slot(const RowFinish<OP, T>& f, const Vec<T, VEC>& raw, typename compute_of<T>::type* v) {
+  widen(raw, v);
+  finish_slot<OP, T, VEC>(f, v);
+}
 
 template <int width, typename C> PS_DEVICE C max_over_lanes(C v) {
 #pragma unroll
@@ -481,12 +487,13 @@ template <typename T, int VEC> struct CachedChunk {
     async_copy<sizeof(Vec<T, VEC>)>(&cache[j], x0 + j * VEC);
   }
 #endif
-  // f(j) for each partial slot j of this thread's: local slots [0, whole_from) and [tail, n).
+  // Whether this thread owns the chunk's partial slots: local slots [0, whole_from) and [tail, n).
   PS_DEVICE bool owns_head() const { return static_cast<int>(PS_THREAD_X) < whole_from; }
   PS_DEVICE bool owns_tail() const {
     const int tail = whole_end() > whole_from ? whole_end() : whole_from;
     return tail < n && (n - 1) % static_cast<int>(PS_BLOCK_DIM_X) == static_cast<int>(PS_THREAD_X);
   }
+  // f(j) for each partial slot j of this thread's.
   template <typename F> PS_DEVICE void partial_slots(F&& f) const {
     if (owns_head()) f(static_cast<int>(PS_THREAD_X));
     if (owns_tail()) f(n - 1);
@@ -644,18 +651,14 @@ PS_DEVICE void store_from_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, 
                                 const RowFinish<OP, T>& f) {
   typedef typename compute_of<T>::type C;
   const CachedChunk<T, VEC> chunk(rs, begin, end);
-  auto finished = [&](int j, C* v) {
-    widen(cache[j], v);
-    finish_slot<OP, T, VEC>(f, v);
-  };
   for (int j = chunk.first_whole_of_thread(); j < chunk.whole_end(); j += PS_BLOCK_DIM_X) {
     C v[VEC];
-    finished(j, v);
+    finish_slot(f, cache[j], v);
     chunk.store_whole(j, v);
   }
   chunk.partial_slots([&](int j) {
     C v[VEC];
-    finished(j, v);
+    finish_slot(f, cache[j], v);
     chunk.store_partial(j, v);
   });
 }
@@ -684,8 +687,7 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
     auto store_then_refill = [&](int j) {
       if (j < chunk.n) {
         C v[VEC];
-        widen(cache[j], v);
-        finish_slot<OP, T, VEC>(f, v);
+        finish_slot(f, cache[j], v);
         chunk.store(j, v);
       }
       if (j < next_chunk.n) next_chunk.copy_to_cache(j, cache);
@@ -696,8 +698,7 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
     int j = PS_THREAD_X < lo ? PS_THREAD_X + PS_BLOCK_DIM_X : PS_THREAD_X;
     for (; j < hi; j += PS_BLOCK_DIM_X) {
       C v[VEC];
-      widen(cache[j], v);
-      finish_slot<OP, T, VEC>(f, v);
+      finish_slot(f, cache[j], v);
       chunk.store_whole(j, v);
       next_chunk.copy_whole_slot(j, cache);
     }
@@ -1193,8 +1194,7 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
     // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
     for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
       C v[VEC];
-      widen(raw, v);
-      finish_slot<OP, T, VEC>(f, v);
+      finish_slot(f, raw, v);
       rs.template store<true>(k, v);
     });
   }
