@@ -4,14 +4,16 @@
 // part of its row in registers (hybrid). Its main times blockv on 256 MiB inputs against the
 // device copy; helpers in common.cuh.
 // Build and run on an sm_90 GPU:  nvcc -arch=sm_90 -O3 -std=c++17 -o block_rows block_rows.cu -lcuda && ./block_rows
-// (./block_rows --hybrid: the hybrid kernel against blockv; ./block_rows PATH/softmax_f32.<code object>:
-// the library's block kernel beside blockv).
+// (./block_rows --hybrid: the hybrid kernel against blockv; ./block_rows --long: the hybrid kernel on
+// rows longer than a block's shared memory; ./block_rows PATH/softmax_f32.<code object>: the
+// library's block kernel beside blockv).
 #include "common.cuh"
 
 // A block per row: the first REG * blockDim slots in registers (plain 16-byte loads, all in
-// flight at once), the rest cached in shared memory by cp.async.
-template <typename T, int REG, int THREADS>
-__global__ void __launch_bounds__(THREADS) hybrid(const T* x, T* y, long rows, long cols) {
+// flight at once), the rest cached in shared memory by cp.async in GROUPS commit groups (issued
+// after the register loads, so that (m, d) takes the registers, then each group as it lands).
+template <typename T, int REG, int THREADS, int GROUPS = 1>
+__global__ void __launch_bounds__(THREADS, 1) hybrid(const T* x, T* y, long rows, long cols) {
   constexpr int VEC = 16 / sizeof(T);
   extern __shared__ float4 cache[];
   const long slots = cols / VEC;
@@ -20,30 +22,41 @@ __global__ void __launch_bounds__(THREADS) hybrid(const T* x, T* y, long rows, l
   float4* dst = reinterpret_cast<float4*>(y + row * cols);
   const int in_regs = (int)lmin((long)REG * THREADS, slots);
   const int n = (int)slots - in_regs;
-  for (int j = threadIdx.x; j < n; j += THREADS) cp16(cache + j, src + in_regs + j);
-  asm volatile("cp.async.commit_group;" ::: "memory");
   float4 r[REG > 0 ? REG : 1];
 #pragma unroll
   for (int j = 0; j < REG; ++j) {
     const int k = j * THREADS + threadIdx.x;
     if (k < in_regs) r[j] = __ldcs(src + k);
   }
+  int j = threadIdx.x;
+#pragma unroll
+  for (int g = 0; g < GROUPS; ++g) {
+    for (; j < n * (g + 1) / GROUPS; j += THREADS) cp16(cache + j, src + in_regs + j);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   RowSum<T, 0, 1> sum;
 #pragma unroll
-  for (int j = 0; j < REG; ++j) {
-    if (j * THREADS + (int)threadIdx.x < in_regs) sum.push(r[j]);
+  for (int k = 0; k < REG; ++k) {
+    if (k * THREADS + (int)threadIdx.x < in_regs) sum.push(r[k]);
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
-  for (int j = threadIdx.x; j < n; j += THREADS) sum.push(cache[j]);
+  j = threadIdx.x;
+#pragma unroll
+  for (int g = 0; g < GROUPS; ++g) {
+    if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
+    else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
+    else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
+    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    for (; j < n * (g + 1) / GROUPS; j += THREADS) sum.push(cache[j]);
+  }
   const MD md = block_reduce(sum.md());
   const float h = md.m * kLog2e + __log2f(md.d);
   auto softmax = [&](float v) { return ex2(fmaf(v, kLog2e, -h)); };
 #pragma unroll
-  for (int j = 0; j < REG; ++j) {
-    const int k = j * THREADS + threadIdx.x;
-    if (k < in_regs) store16(dst + k, map16<T>(r[j], softmax));
+  for (int k = 0; k < REG; ++k) {
+    const int s = k * THREADS + threadIdx.x;
+    if (s < in_regs) store16(dst + s, map16<T>(r[k], softmax));
   }
-  for (int j = threadIdx.x; j < n; j += THREADS) store16(dst + in_regs + j, map16<T>(cache[j], softmax));
+  for (j = threadIdx.x; j < n; j += THREADS) store16(dst + in_regs + j, map16<T>(cache[j], softmax));
 }
 
 // The block tier's structure with plain loops over aligned 16-byte slots: the row's copies in
@@ -96,11 +109,14 @@ template <typename T, int THREADS, int KAHAN, int SHIFT, int GROUPS>
 Timing run_blockv(const Bench& bench, const T* x, T* y, long rows, long cols) {
   return time_rows(bench, blockv<T, THREADS, KAHAN, SHIFT, GROUPS>, THREADS, (size_t)cols * sizeof(T), x, y, rows, cols);
 }
-template <typename T, int REG, int THREADS>
+template <typename T, int REG, int THREADS, int GROUPS = 1>
 Timing run_hybrid(const Bench& bench, const T* x, T* y, long rows, long cols) {
   const long slots = cols * (long)sizeof(T) / 16;
   const size_t shared = (size_t)(slots - lmin((long)REG * THREADS, slots)) * 16;
-  return time_rows(bench, hybrid<T, REG, THREADS>, THREADS, shared, x, y, rows, cols);
+  int most = 0;
+  CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  if (shared > (size_t)most) return Timing{0, 0, 0};  // the rest of the row does not fit: reported as 0
+  return time_rows(bench, hybrid<T, REG, THREADS, GROUPS>, THREADS, shared, x, y, rows, cols);
 }
 
 // The library's own block-tier float32 kernel (from its code object at `path`) under this
@@ -136,9 +152,37 @@ int main(int argc, char** argv) {
   const float copy = bench.copy_ms();
   printf("copy %.4f ms (%.0f GB/s)\n", copy, 2.0 * bytes / copy / 1e6);
   auto rep = [&](const char* what, long rows, long cols, Timing t) {
+    if (t.ms == 0) {
+      printf("  %-28s %ldx%ld does not fit\n", what, rows, cols);
+      return;
+    }
     printf("  %-28s %ldx%ld %5.1f%% of copy  (blocks/SM %d, |sum-1| %.1e)\n", what, rows, cols, 100 * copy / t.ms, t.per_sm, t.err);
   };
   const bool hybrids = argc > 1 && std::string(argv[1]) == "--hybrid";
+  const bool long_rows = argc > 1 && std::string(argv[1]) == "--long";
+  if (long_rows) {  // rows longer than a block's shared memory: part of each row in registers
+    for (int pass = 0; pass < 2; ++pass) {
+      rep("f32 blockv g4 (ref)", bytes / 4 / 56000, 56000,
+          run_blockv<float, 512, 1, 0, 4>(bench, bench.xf, bench.yf, bytes / 4 / 56000, 56000));
+      for (long cols : {65536L, 80000L}) {
+        const long rows = bytes / 4 / cols;
+        rep("f32 reg8 512thr g4", rows, cols, run_hybrid<float, 8, 512, 4>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg16 512thr g4", rows, cols, run_hybrid<float, 16, 512, 4>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg16 512thr g1", rows, cols, run_hybrid<float, 16, 512, 1>(bench, bench.xf, bench.yf, rows, cols));
+        rep("f32 reg8 1024thr g4", rows, cols, run_hybrid<float, 8, 1024, 4>(bench, bench.xf, bench.yf, rows, cols));
+      }
+      rep("bf16 blockv g2 (ref)", bytes / 2 / 100000, 100000,
+          run_blockv<__nv_bfloat16, 512, 1, 0, 2>(bench, bench.xb, bench.yb, bytes / 2 / 100000, 100000));
+      for (long cols : {131072L, 128256L, 163840L}) {
+        const long rows = bytes / 2 / cols;
+        rep("bf16 reg8 512thr g2", rows, cols, run_hybrid<__nv_bfloat16, 8, 512, 2>(bench, bench.xb, bench.yb, rows, cols));
+        rep("bf16 reg16 512thr g2", rows, cols, run_hybrid<__nv_bfloat16, 16, 512, 2>(bench, bench.xb, bench.yb, rows, cols));
+        rep("bf16 reg16 512thr g4", rows, cols, run_hybrid<__nv_bfloat16, 16, 512, 4>(bench, bench.xb, bench.yb, rows, cols));
+        rep("bf16 reg8 1024thr g2", rows, cols, run_hybrid<__nv_bfloat16, 8, 1024, 2>(bench, bench.xb, bench.yb, rows, cols));
+      }
+    }
+    return 0;
+  }
   if (argc > 1 && !hybrids) {
     for (int pass = 0; pass < 2; ++pass) {
       for (long cols : {32000L, 50256L, 40000L}) {
