@@ -27,7 +27,7 @@ WARP_SIZES = (32, 64)
 WARP_TIER_THREADS = 128
 #: tier -> the most threads a block its kernels are compiled for (softmax.cuh: kBlockTierThreads,
 #: kStagedThreads, kCachedThreads; their launch bounds also cap registers for occupancy)
-LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384}
+LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_registers": 1024}
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 
@@ -101,6 +101,16 @@ def warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]
 
 def block_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_block_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
+
+
+#: dtypes of the block tier whose rows pass its shared memory, part of each row in registers
+#: (float64 would need the registers for its arithmetic)
+BLOCK_REGISTERS_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def block_registers_name(dtype: str, op: str, warp: int, vec: int) -> str:
+    """A block a row, the row's first slots held in registers and the rest in shared memory."""
+    return f"ps_block_registers_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
 
 def split_partials_name(dtype: str, warp: int, vec: int) -> str:
@@ -198,6 +208,8 @@ def entry_names(dtype: str, warp: int) -> list[str]:
             names += [v.name for v in warp_variants(dtype, op, warp, vec)]
             names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
                       split_cached_name(dtype, op, warp, vec)]
+            if dtype in BLOCK_REGISTERS_DTYPES:
+                names.append(block_registers_name(dtype, op, warp, vec))
     return names + [staged_warp_name(dtype, op, warp) for op in OPS]
 
 
@@ -210,6 +222,8 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
             for v in warp_variants(dtype, op, warp, vec):
                 lines.append(f"PS_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
             lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
+            if dtype in BLOCK_REGISTERS_DTYPES:
+                lines.append(f"PS_BLOCK_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_SPLIT_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
     for op, enum in OPS.items():

@@ -590,6 +590,15 @@ BLOCK_TIER_SM_SHARE = 2
 #: A row in flight from a block that then waits for the next row's copies while storing (the next
 #: row's copies issued during the stores, a resident grid) measured 9-14 slower on the H200.
 BLOCK_TIER_WHOLE_SM = True
+#: rows past one block's shared memory that fit it with ROW_REGISTER_SLOTS slots a thread of
+#: ROW_REGISTERS_THREADS in registers (softmax.cuh: kRowRegisterSlots, kRowRegistersThreads) take a
+#: block alone on its multiprocessor (block_rows_registers), where copies are asynchronous, instead
+#: of the on-chip split, whose blocks wait for each other's chunks. Measured on an H200 (% of the
+#: copy, tools/standalone/block_rows.cu --long against the on-chip split in the same machine
+#: session): float32 65536-80000 columns 87 -> 90-91.6, bfloat16 128256-163840 columns 81-83 -> 89-90.5.
+ROW_REGISTERS = True
+ROW_REGISTER_SLOTS = 8
+ROW_REGISTERS_THREADS = 1024
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
 CACHED_THREADS = 256
@@ -726,6 +735,18 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows
             and cache_bytes + static_bytes <= device.shared_mem_per_block_optin):
         return block_plan()
+
+    # Longer rows that one block holds in its shared memory and its threads' registers: a block a
+    # row alone on its multiprocessor, the row's first slots in registers.
+    if (ROW_REGISTERS and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device) and not few_rows
+            and device.max_threads_per_block >= ROW_REGISTERS_THREADS):
+        held = min(ROW_REGISTER_SLOTS * ROW_REGISTERS_THREADS, slots - 1)  # the last slot: in the cache
+        shared = (slots - held) * vec * itemsize
+        if shared + static_bytes <= device.shared_mem_per_block_optin:
+            launch = Launch(V.block_registers_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device),
+                            ROW_REGISTERS_THREADS, shared, row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+            notes.update(held_slots=held)
+            return Plan("block_registers", (launch,), notes=notes)
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).

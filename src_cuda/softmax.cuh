@@ -536,6 +536,11 @@ template <typename T, int VEC> struct CachedChunk {
     }
     return raw;
   }
+  // Local slot j (j >= 0) as stored: a whole vector where it is one, else its in-row elements
+  // (out-of-row ones, and every one of a slot past the chunk, read as -inf).
+  PS_DEVICE Vec<T, VEC> load_raw(int j) const {
+    return full(j) ? *reinterpret_cast<const Vec<T, VEC>*>(x0 + j * VEC) : load_partial_raw(j);
+  }
   PS_DEVICE void store_partial(int j, const C* v) const {
     const int lo = row_lo(), hi = row_hi();
 #pragma unroll
@@ -576,18 +581,26 @@ template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
 }
 #endif
 
+// No values of the caller's beside the cache (cache_chunk's `early`).
+struct NothingEarly {
+  template <typename Sum> PS_DEVICE void operator()(Sum&) const {}
+};
+
 // Caches slots [begin, end) of a row in shared memory (cache[0] is slot begin), as
 // stored, and returns this thread's (m, d) over them. Each thread later reads back
 // only the slots it wrote, so the cache needs no barrier of its own. `issued`: the copies
-// are in flight already (store_and_prefetch). GROUPS > 1 (not issued): the copies go out in GROUPS
+// are in flight already (store_and_prefetch). `early(acc)` adds the caller's other values
+// (block_rows_registers: the row's slots in registers) once the copies are issued, before the
+// first wait, so that their exps overlap the copies. GROUPS > 1 (not issued): the copies go out in GROUPS
 // commit groups of consecutive slots, and (m, d) takes each group as it lands, so that the first
 // groups' exps overlap the later groups' copies. More than two groups need a slot a thread in each
 // group, else they only add waits: 32 float32 rows of 4096 columns (2 slots a thread, 4 groups)
 // measured 0.1-0.3 us a call slower than one wait (H100, H200). Two groups skip that test: compiled
 // in, it cost the 16-bit block kernels 4-6 registers a thread.
-template <typename T, int VEC, int GROUPS = 1>
+template <typename T, int VEC, int GROUPS = 1, typename Early = NothingEarly>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
-                                                       Vec<T, VEC>* cache, bool issued = false) {
+                                                       Vec<T, VEC>* cache, bool issued = false,
+                                                       Early early = Early()) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
 #if PS_ASYNC_COPY
@@ -605,6 +618,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
         async_copy_commit();
       }
       chunk.place_partial(partial, cache);
+      early(acc);
       // Unrolled, so that each wait's count is a constant: a rolled loop through the chain of waits
       // cost 2 points of the copy (H200, float32 32000 columns).
       j = PS_THREAD_X;
@@ -627,6 +641,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
       chunk.copy_whole(chunk.first_whole_of_thread(), chunk.whole_end(), cache);
       chunk.place_partial(partial, cache);
     }
+    early(acc);
     async_copy_wait_all();
     for (int j = PS_THREAD_X; j < chunk.n; j += PS_BLOCK_DIM_X) {
       C v[VEC];
@@ -637,6 +652,7 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
   }
 #endif
   // (m, d) as the loads arrive: no second pass over the cache
+  early(acc);
   for_each_slot<(sizeof(T) == 2 ? kCacheDepth16 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
     C v[VEC];
     widen(raw, v);
@@ -1141,6 +1157,110 @@ PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i6
   }
 }
 
+// A slot kept in registers for a while (block_rows_registers): as a vector of 16-bit values nvcc
+// held a register a value and spilled, so 16-bit slots are held as 32-bit words and widened from
+// them, a pair a word.
+template <typename T, int VEC, bool kAsWords = sizeof(T) == 2 && VEC % 2 == 0> struct HeldSlot {
+  typedef typename compute_of<T>::type C;
+  Vec<T, VEC> raw;
+  PS_DEVICE void set(const Vec<T, VEC>& r) { raw = r; }
+  PS_DEVICE void load_whole(const T* at) { raw = *reinterpret_cast<const Vec<T, VEC>*>(at); }
+  PS_DEVICE void widen_into(C* v) const { widen(raw, v); }
+};
+template <typename T, int VEC> struct HeldSlot<T, VEC, true> {
+  unsigned w[VEC / 2];
+  PS_DEVICE void set(const Vec<T, VEC>& r) { memcpy(w, &r, sizeof(w)); }
+  PS_DEVICE void load_whole(const T* at) {  // one vector load (through a Vec, nvcc loaded a value at a time)
+    if constexpr (sizeof(w) == sizeof(ps_words4)) {
+      const ps_words4 words = *reinterpret_cast<const ps_words4*>(at);
+      memcpy(w, words.w, sizeof(w));
+    } else {
+      set(*reinterpret_cast<const Vec<T, VEC>*>(at));
+    }
+  }
+  PS_DEVICE void widen_into(float* v) const {
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) {
+      if constexpr (same_type<T, bfloat16_t>::value) {  // a bfloat16 is the top half of a float32
+        const unsigned lo = w[i] << 16, hi = w[i] & 0xffff0000u;
+        memcpy(&v[2 * i], &lo, 4);
+        memcpy(&v[2 * i + 1], &hi, 4);
+      } else {
+        const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu), hi = static_cast<unsigned short>(w[i] >> 16);
+        T a, b;
+        memcpy(&a, &lo, 2);
+        memcpy(&b, &hi, 2);
+        v[2 * i] = to_compute(a);
+        v[2 * i + 1] = to_compute(b);
+      }
+    }
+  }
+};
+
+// ---- tier 3, rows past a block's shared memory: their first slots in registers ----------
+// A block a row, alone on its multiprocessor, as block_rows, for rows that its shared memory
+// alone cannot hold: a thread holds kRowRegisterSlots slots of the row's first
+// kRowRegisterSlots * blockDim in registers (slot u * blockDim + thread, loaded first, all in
+// flight at once), and the rest is cached in shared memory as block_rows caches a row. The
+// registers' (m, d) is taken while the cache's copies land. Such a row is read once by a block
+// that waits on no other, where the on-chip split's blocks wait for each other's chunks.
+// Measured on an H200 (tools/standalone/block_rows.cu --long, % of the copy): float32 rows of
+// 65536 and 80000 columns 90-91.6 and bfloat16 rows of 128256-163840 columns 89-90.5 at 1024
+// threads of 8 register slots, where the on-chip split ran 87 and 81-83 in the same machine
+// session; 16 register slots at 512 threads 87-91, all in one wait 1 point slower.
+const int kRowRegisterSlots = 8;        // 32 of a thread's 64 registers at 1024 threads
+const int kRowRegistersThreads = 1024;  // the launch bound (planner.ROW_REGISTERS_THREADS)
+
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void block_rows_registers(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
+                                    Vec<T, VEC>* cache) {
+  typedef typename compute_of<T>::type C;
+  const int threads = PS_BLOCK_DIM_X, thread = PS_THREAD_X;
+  for (i64 row = PS_BLOCK_X; row < rows; row += PS_GRID_DIM_X) {
+    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+    // Slots [0, held) in registers; the row's last slot always in the cache, so that of the held
+    // slots only the first (local slot 0, thread 0's first) can be partial.
+    const i64 capacity = (i64)kRowRegisterSlots * threads;
+    const i64 held = capacity < rs.slots - 1 ? capacity : rs.slots - 1;
+    const CachedChunk<T, VEC> in_registers(rs, 0, held);
+    auto slot = [&](int u) { return u * threads + thread; };
+    Vec<T, VEC> empty;  // past the held slots: -inf, which adds nothing to (m, d)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) empty.v[e] = from_compute<T>(ps_neg_inf<C>());
+    HeldSlot<T, VEC> held_slots[kRowRegisterSlots];
+    held_slots[0].set(in_registers.load_raw(slot(0)));
+#pragma unroll
+    for (int u = 1; u < kRowRegisterSlots; ++u) {
+      const int j = slot(u);  // whole, or past the held slots
+      held_slots[u].set(empty);
+      if (j < in_registers.n) held_slots[u].load_whole(in_registers.x0 + j * VEC);
+    }
+    auto add_registers = [&](OnlineSum<C>& acc) {  // slots past the held ones add nothing
+#pragma unroll
+      for (int u = 0; u < kRowRegisterSlots; ++u) {
+        C v[VEC];
+        held_slots[u].widen_into(v);
+        acc.template push_all<VEC>(v);
+      }
+    };
+    const MD<C> part = cache_chunk<T, VEC, kBlockCopyGroups<T>>(rs, held, rs.slots, cache, false, add_registers);
+    const RowFinish<OP, T> f(md_reduce_block<WARP>(part), safe != 0);
+#pragma unroll
+    for (int u = 0; u < kRowRegisterSlots; ++u) {
+      const int j = slot(u);
+      C v[VEC];
+      held_slots[u].widen_into(v);
+      finish_slot<OP, T, VEC>(f, v);
+      if (u == 0 && !in_registers.full(j)) {
+        if (j < in_registers.n) in_registers.store_partial(j, v);
+      } else if (j < in_registers.n) {
+        in_registers.store_whole(j, v);
+      }
+    }
+    store_from_cache(rs, held, rs.slots, cache, f);  // a thread's cache slots stay its own from row to row
+  }
+}
+
 // ---- tier 4: a row split across blocks --------------------------------------
 // Pass 1 writes one (m, d) per chunk of chunk_slots slots; pass 2 merges the
 // row's partials with the monoid and normalises its chunk.
@@ -1615,6 +1735,15 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
     ps::block_rows<T, OP, W, V>(x, y, rows, cols, xs, ys, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_block_##DT##_##OPN##_w##W##_v##V)
+
+#define PS_BLOCK_REGISTERS_ENTRY(DT, T, OPN, OP, W, V)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kRowRegistersThreads, 1) ps_block_registers_##DT##_##OPN##_w##W##_v##V( \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::block_rows_registers<T, OP, W, V>(x, y, rows, cols, xs, ys, safe,                           \
+                                          reinterpret_cast<ps::Vec<T, V>*>(ps_cache));              \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_block_registers_##DT##_##OPN##_w##W##_v##V)
 
 #define PS_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_##DT##_##OPN##_w##W##_v##V(               \

@@ -517,6 +517,39 @@ def test_block_tier_row_whose_first_and_last_partial_slots_share_a_thread(async_
             assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} (8, {cols}) block")
 
 
+@pytest.mark.parametrize("copies", ["sync", "async"])
+@pytest.mark.parametrize("dtype", V.BLOCK_REGISTERS_DTYPES)
+def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng, dtype, copies):
+    """Rows past a block's shared memory, the first slots of each held in registers
+    (block_registers), built with and without asynchronous copies, at both warp sizes, on a device
+    whose grid holds 3 blocks (blocks take row after row): the shortest such rows (most slots in
+    registers past the row, read as -inf), and rows one slot past the registers and longer (the
+    last slot always in shared memory), starting on a vector and one element into it (the first
+    held slot partial). Blocks of 256 threads, not the planner's 1024: the kernel holds
+    kRowRegisterSlots a thread at any block size, and every emulated thread keeps a fiber stack
+    mapped per host thread."""
+    monkeypatch.setattr(planner, "ROW_REGISTERS_THREADS", 256)
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS
+    vec = 16 // V.DTYPES[dtype][2]
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp, max_grid_x=3)
+        device = runtime.profile(0)
+        shortest = 64
+        while plan(RowProblem(dtype, "softmax", 7, shortest), device).tier != "block_registers":
+            shortest = shortest * 9 // 8 + 1
+        for cols in (shortest, capacity * vec + 1, capacity * vec + 700 * vec + 3):
+            x = _inputs(rng, (7, cols), dtype)
+            for offset in (0, 1):
+                for op, safe in OP_CASES:
+                    problem = RowProblem(dtype, op, 7, cols, safe=safe, x_misalign=offset, y_misalign=offset)
+                    the_plan = plan(problem, device)
+                    assert the_plan.tier == "block_registers" and the_plan.launches[0].grid == 3, (cols, the_plan)
+                    got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
+                    assert_close(got, x, 1, op, safe,
+                                 f"warp {warp} {dtype} {op} safe={safe} (7, {cols}) offset {offset} block_registers")
+
+
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
 #: and rows of 514-576 bytes; odd lengths beside them, and short 16-bit rows (9-31 columns; 16 and

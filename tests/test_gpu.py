@@ -237,23 +237,26 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype, cols, tier", [("float32", 50257, "cached"), ("bfloat16", 120011, "cached"),
-                                               ("float32", 50257, "cluster"), ("float32", 50257, "block")])
+                                               ("float32", 50257, "cluster"), ("float32", 50257, "block"),
+                                               ("float32", 65537, "block_registers"),
+                                               ("bfloat16", 131071, "block_registers")])
 def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatch, dtype, cols, tier):
     """Rows too long for half a multiprocessor's shared memory, contiguous and as views whose rows
     start at varying misalignments (partial head and tail slots), with NaN, +inf and -inf rows:
     blocks that merge through global memory, each taking several rows in turn (cached), a cluster
     of blocks per row (cluster, sm_90+), and a block alone on its multiprocessor per row (block,
-    where copies are asynchronous)."""
+    where copies are asynchronous; block_registers, with the row's first slots in registers)."""
     from portable_softmax import api, planner
 
     torch = _torch_cuda()
     rt = _probe.runtime("cuda")
     if tier == "cluster" and not planner.has_clusters(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no thread block clusters")
-    if tier == "block" and not planner.has_async_copy(rt.profile(0)):
+    if tier in ("block", "block_registers") and not planner.has_async_copy(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: such rows are split")
     monkeypatch.setattr(planner, "CLUSTER_SPLIT", tier == "cluster")
     monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", tier == "block")
+    monkeypatch.setattr(planner, "ROW_REGISTERS", tier == "block_registers")
     monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2, 4))  # float32 clusters too, which none plans
     planner.plan.cache_clear()
     api._prepared.clear()

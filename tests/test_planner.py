@@ -74,6 +74,13 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"] and launch.grid % launch.min_grid == 0
             assert launch.kernel == V.cluster_name(dtype, op, p.notes["vec"], p.notes["chunks"])
             assert launch.shared_mem + static <= device.shared_mem_per_multiprocessor // 4
+        if p.tier == "block_registers":  # registers and shared memory hold the row, the last slot in the latter
+            (launch,) = p.launches
+            held, slots, vec = p.notes["held_slots"], p.notes["slots"], p.notes["vec"]
+            assert held == min(planner.ROW_REGISTER_SLOTS * launch.block, slots - 1)
+            assert launch.block == planner.ROW_REGISTERS_THREADS and launch.grid == min(rows, device.max_grid_x)
+            assert launch.shared_mem == (slots - held) * vec * V.DTYPES[dtype][2]
+            assert launch.shared_mem + static <= device.shared_mem_per_block_optin
         if p.tier in ("split", "cached"):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
             assert dict(p.scratch)["partials"] >= 2 * rows * p.notes["chunks"] * 4
@@ -92,6 +99,8 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
         expected.add("staged_warp")
     if has_async_copy(device) and V.DTYPES[dtype][2] in planner.STAGED_GROUP_MAX_ROW_BYTES:
         expected.add("staged_group")
+    if has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES:
+        expected.add("block_registers")
     clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
     assert tiers == expected | ({"cluster"} if clusters else set())
 
@@ -400,7 +409,7 @@ def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
     a100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
                          shared_mem_per_multiprocessor=164 * 1024)
     assert not has_clusters(a100)
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "cached"
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"  # no cluster
     # as committed, no dtype goes to clusters: a block alone on its multiprocessor takes these rows
     assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block"
     monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2,))
@@ -410,8 +419,8 @@ def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
     # few rows: the cached tier spreads them over more blocks; rows of more than four chunks, and
     # float32 rows, measured slower in clusters
     assert plan(RowProblem("bfloat16", "softmax", 8, 80000), PROFILES["h100"]).tier == "cached"
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 120000), PROFILES["h100"]).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "cached"
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 120000), PROFILES["h100"]).tier == "block_registers"
+    assert plan(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "block_registers"
     plan.cache_clear()  # plans made under the knob
 
 
@@ -428,9 +437,30 @@ def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asyn
         assert launch.shared_mem >= cols * itemsize
     # few rows, and rows past one block, are split
     assert plan(RowProblem("float32", "softmax", 8, 50257), h100).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "cached"
+    assert plan(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "block_registers"
     # loads through registers (AMD) keep the split
     assert plan(RowProblem("float32", "softmax", 4096, 12000), PROFILES["mi300x"]).tier == "cached"
+
+
+def test_rows_past_a_block_and_within_its_registers_go_alone_on_a_multiprocessor():
+    """Rows that one block's shared memory cannot hold but its registers and shared memory can:
+    a block a row where copies are asynchronous; few rows, longer rows, float64 and AMD split."""
+    h100 = PROFILES["h100"]
+    capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS  # slots in registers
+    for dtype, cols in (("float32", 65536), ("float32", 80000), ("bfloat16", 128256), ("float16", 131072),
+                        ("bfloat16", 163840)):
+        p = plan(RowProblem(dtype, "softmax", 1000, cols), h100)
+        (launch,) = p.launches
+        vec = 16 // V.DTYPES[dtype][2]
+        assert p.tier == "block_registers" and launch.grid == 1000 and p.notes["held_slots"] == capacity
+        assert launch.kernel == V.block_registers_name(dtype, "softmax", 32, vec)
+        assert launch.shared_mem == (cols // vec - capacity) * 16
+    # past registers and shared memory together: the on-chip split
+    assert plan(RowProblem("float32", "softmax", 1000, 131072), h100).tier == "cached"
+    assert plan(RowProblem("bfloat16", "softmax", 1000, 262144), h100).tier == "cached"
+    assert plan(RowProblem("float32", "softmax", 8, 65536), h100).tier == "cached"  # few rows: spread wider
+    assert plan(RowProblem("float64", "softmax", 1000, 32768), h100).tier == "cached"  # not built for float64
+    assert plan(RowProblem("float32", "softmax", 1000, 65536), PROFILES["mi300x"]).tier == "cached"
 
 
 def test_empty_problems_launch_nothing():
