@@ -593,9 +593,11 @@ BLOCK_TIER_WHOLE_SM = True
 #: rows past one block's shared memory that fit it with ROW_REGISTER_SLOTS slots a thread of
 #: ROW_REGISTERS_THREADS in registers (softmax.cuh: kRowRegisterSlots, kRowRegistersThreads) take a
 #: block alone on its multiprocessor (block_rows_registers), where copies are asynchronous, instead
-#: of the on-chip split, whose blocks wait for each other's chunks. Measured on an H200 (% of the
-#: copy, tools/standalone/block_rows.cu --long against the on-chip split in the same machine
-#: session): float32 65536-80000 columns 87 -> 90-91.6, bfloat16 128256-163840 columns 81-83 -> 89-90.5.
+#: of the on-chip split, whose blocks wait for each other's chunks. Measured against the on-chip
+#: split (same machine session, % of the copy, 2026-11-24): H200 float32 65536 columns 85 -> 92,
+#: 80000 87 -> 91, 16-bit 128256-163840 columns 80-87 -> 88-92.6; H100 93-96 -> 93-97 (+1 to +4).
+#: Rows that the shared memory alone holds measured level taken this way (H200, float32 +1-2,
+#: 16-bit -2 to +2), so they stay in the block tier.
 ROW_REGISTERS = True
 ROW_REGISTER_SLOTS = 8
 ROW_REGISTERS_THREADS = 1024
