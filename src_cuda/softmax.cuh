@@ -1170,7 +1170,9 @@ template <typename T, int VEC, bool kAsWords = sizeof(T) == 2 && VEC % 2 == 0> s
 template <typename T, int VEC> struct HeldSlot<T, VEC, true> {
   unsigned w[VEC / 2];
   PS_DEVICE void set(const Vec<T, VEC>& r) { memcpy(w, &r, sizeof(w)); }
-  PS_DEVICE void load_whole(const T* at) {  // one vector load (through a Vec, nvcc loaded a value at a time)
+  // One vector load, as four words: through a Vec nvcc loaded a value at a time, and as the held
+  // type itself clang 15 crashed selecting gfx90a instructions.
+  PS_DEVICE void load_whole(const T* at) {
     if constexpr (sizeof(w) == sizeof(ps_words4)) {
       const ps_words4 words = *reinterpret_cast<const ps_words4*>(at);
       memcpy(w, words.w, sizeof(w));
