@@ -600,7 +600,7 @@ BLOCK_TIER_WHOLE_SM = True
 #: 16-bit -2 to +2), so they stay in the block tier.
 ROW_REGISTERS = True
 ROW_REGISTER_SLOTS = 8
-ROW_REGISTERS_THREADS = 1024
+ROW_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["block_registers"]  # the kernels' launch bound
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
 CACHED_THREADS = 256

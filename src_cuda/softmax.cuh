@@ -41,15 +41,26 @@ template <typename T, int VEC> PS_DEVICE void widen(const Vec<T, VEC>& raw, type
 #pragma unroll
   for (int j = 0; j < VEC; ++j) v[j] = to_compute(raw.v[j]);
 }
-template <int VEC> PS_DEVICE void widen_bf16_pairs(const Vec<bfloat16_t, VEC>& raw, float* v) {
-  unsigned words[VEC / 2];
-  memcpy(words, &raw, sizeof(words));
+template <int WORDS> PS_DEVICE void widen_bf16_words(const unsigned* words, float* v) {
 #pragma unroll
-  for (int i = 0; i < VEC / 2; ++i) {
+  for (int i = 0; i < WORDS; ++i) {
     const unsigned lo = words[i] << 16, hi = words[i] & 0xffff0000u;
     memcpy(&v[2 * i], &lo, 4);
     memcpy(&v[2 * i + 1], &hi, 4);
   }
+}
+template <int VEC> PS_DEVICE void widen_bf16_pairs(const Vec<bfloat16_t, VEC>& raw, float* v) {
+  unsigned words[VEC / 2];
+  memcpy(words, &raw, sizeof(words));
+  widen_bf16_words<VEC / 2>(words, v);
+}
+
+// A vector of -inf, which adds nothing to (m, d): the values of slots past a row.
+template <typename T, int N> PS_DEVICE Vec<T, N> neg_inf_vec() {
+  Vec<T, N> v;
+#pragma unroll
+  for (int j = 0; j < N; ++j) v.v[j] = from_compute<T>(ps_neg_inf<typename compute_of<T>::type>());
+  return v;
 }
 template <> PS_DEVICE void widen(const Vec<bfloat16_t, 8>& raw, float* v) { widen_bf16_pairs(raw, v); }
 template <> PS_DEVICE void widen(const Vec<bfloat16_t, 4>& raw, float* v) { widen_bf16_pairs(raw, v); }
@@ -1574,13 +1585,6 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   // but polling took the 16-bit (scalar) variants 42 -> 40.5, so they keep the count.
   const PublishedPairs<C> pairs{partials};
   constexpr bool poll_pairs = kAsyncSlots<T, VEC> && !PublishedPairs<C>::kCounted;
-  // A vector of -inf: positions past `inner`, which add nothing to (m, d).
-  auto empty = [] {
-    Vec<T, VEC> v;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v.v[j] = from_compute<T>(ps_neg_inf<C>());
-    return v;
-  };
   // The first position of this thread in a tile (inner positions past `inner` read as empty).
   auto first_position = [&](i64 t) { return (t % tiles_per_outer) * width + (i64)tx * VEC; };
   // This tile's rows were copied to the cache by the previous tile's stores (only where copies
@@ -1606,7 +1610,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
         } else if (active && c < c_end) {
           raw[u] = *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col);
         } else {
-          raw[u] = empty();
+          raw[u] = neg_inf_vec<T, VEC>();  // past `inner`
         }
       }
 #pragma unroll
@@ -1685,7 +1689,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
           if (prefetch && next_active) {
             async_copy<sizeof(Vec<T, VEC>)>(at, next_xl + c * xs_col);
           } else if (prefetch) {
-            *at = empty();
+            *at = neg_inf_vec<T, VEC>();
           }
         }
 #endif
