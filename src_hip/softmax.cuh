@@ -1601,30 +1601,50 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
 #if PS_ASYNC_COPY
     if (from_cache) async_copy_wait_all();
 #endif
-    for (i64 c0 = c_begin + ty; c0 < c_end; c0 += kDepth * groups) {
-      Vec<T, VEC> raw[kDepth];
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) {
-        const i64 c = c0 + u * groups;
-        if (from_cache && c < c_end) {
-          raw[u] = cache[(c - c_begin) * inner_tile + tx];
-        } else if (active && c < c_end) {
-          raw[u] = *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col);
-        } else {
-          raw[u] = neg_inf_vec<T, VEC>();  // past `inner`
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kDepth; ++u) {
-        const i64 c = c0 + u * groups;
-        if (!from_cache && c < c_end) cache[(c - c_begin) * inner_tile + tx] = raw[u];
-      }
+    auto push_rows = [&](const Vec<T, VEC>* raw) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         C v[kDepth];
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) v[u] = to_compute(raw[u].v[j]);
         acc[j].template push_all<kDepth>(v);
+      }
+    };
+    const int chunk_rows = (int)(c_end - c_begin);  // the chunk is in shared memory: an int
+    const int cache_step = groups * inner_tile;      // a column group's next row in the cache
+    if (from_cache) {
+      // The rows from the cache alone, in 32-bit indices, tested only in the last round: one
+      // loop with the global reads' tests and 64-bit addresses in it took about 26 instructions
+      // a float32 value.
+      const Vec<T, VEC>* at = cache + ty * inner_tile + tx;
+      int r = ty;
+      for (; r + (kDepth - 1) * groups < chunk_rows; r += kDepth * groups, at += kDepth * cache_step) {
+        Vec<T, VEC> raw[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) raw[u] = at[u * cache_step];
+        push_rows(raw);
+      }
+      if (r < chunk_rows) {
+        Vec<T, VEC> raw[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) raw[u] = r + u * groups < chunk_rows ? at[u * cache_step] : neg_inf_vec<T, VEC>();
+        push_rows(raw);
+      }
+    } else {
+      for (i64 c0 = c_begin + ty; c0 < c_end; c0 += kDepth * groups) {
+        Vec<T, VEC> raw[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const i64 c = c0 + u * groups;
+          raw[u] = active && c < c_end ? *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col)
+                                       : neg_inf_vec<T, VEC>();  // past `inner`
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const i64 c = c0 + u * groups;
+          if (c < c_end) cache[(c - c_begin) * inner_tile + tx] = raw[u];
+        }
+        push_rows(raw);
       }
     }
     // This chunk's (m, d) per inner position: the column groups merge in shared memory.
@@ -1676,19 +1696,23 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     }
     T* yl = y + o * ys_outer + i * ys_inner;
     if (active || prefetch) {
-      for (i64 c = c_begin + ty; c < c_end; c += groups) {
-        Vec<T, VEC>* at = &cache[(c - c_begin) * inner_tile + tx];
+      // Addresses stepped a column group's rows at a time (a 64-bit multiply each, before).
+      Vec<T, VEC>* at = cache + ty * inner_tile + tx;
+      T* out_at = yl + (c_begin + ty) * ys_col;
+      const T* next_at = next_xl + (c_begin + ty) * xs_col;
+      const i64 out_step = groups * ys_col, next_step = groups * xs_col;
+      for (int r = ty; r < chunk_rows; r += groups, at += cache_step, out_at += out_step, next_at += next_step) {
         if (active) {
           const Vec<T, VEC> raw = *at;
           Vec<T, VEC> out;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(raw.v[j])));
-          *reinterpret_cast<Vec<T, VEC>*>(yl + c * ys_col) = out;
+          *reinterpret_cast<Vec<T, VEC>*>(out_at) = out;
         }
 #if PS_ASYNC_COPY
         if constexpr (kAsyncSlots<T, VEC>) {
           if (prefetch && next_active) {
-            async_copy<sizeof(Vec<T, VEC>)>(at, next_xl + c * xs_col);
+            async_copy<sizeof(Vec<T, VEC>)>(at, next_at);
           } else if (prefetch) {
             *at = neg_inf_vec<T, VEC>();
           }
@@ -1715,12 +1739,13 @@ const int kStagedThreads = 128, kStagedMinBlocks = 9;
 const int kCachedThreads = 384, kCachedMinBlocks = 4;
 // float64 kernels need their registers (they spilled under these bounds): one block.
 template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
-// The on-chip strided tier's float32 variants that refill their cache asynchronously need a cap of
-// 64 registers a thread to keep the planner's 4 blocks a multiprocessor (STRIDED_CHUNKS_PER_SM;
-// they took 78 without it); the others compile as before, with no minimum (0), which a cap would
-// change (the 16-bit scalar variant's code grew, 3-4 points of the copy slower on an H100).
+// The on-chip strided tier's float32 and 16-bit variants that refill their cache asynchronously
+// need a cap of 64 registers a thread to keep the planner's 4 blocks a multiprocessor
+// (STRIDED_CHUNKS_PER_SM; float32 took 78 without it, 16-bit pairs 74); the others compile with no
+// minimum (0): a cap changed the 16-bit scalar variant's code (3-4 points of the copy slower on an
+// H100), and float64 needs its registers.
 template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
-  return kAsyncSlots<T, VEC> && sizeof(T) == 4 ? 4 : 0;
+  return kAsyncSlots<T, VEC> && sizeof(T) <= 4 ? 4 : 0;
 }
 
 }  // namespace ps

@@ -4,7 +4,8 @@
         --section MemoryWorkloadAnalysis python3 tools/profile_kernels.py float16:16384x8192 ...
 
 Arguments of the form KNOB=VALUE set a planner knob (portable_softmax.planner.KNOB) for the
-shapes after them, so that two planner choices can be profiled in one run.
+shapes after them, so that two planner choices can be profiled in one run. A shape may name the
+axis to reduce after an @ (float32:8192x8192@0); the last axis otherwise.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ def main(specs: list[str]) -> None:
             planner.plan.cache_clear()
             continue
         dtype, shape = spec.split(":")
+        shape, _, axis = shape.partition("@")
         dims = tuple(int(d) for d in shape.split("x"))
         x = (torch.randn(*dims, device="cuda") * 4).to(getattr(torch, dtype))
         y = torch.empty_like(x)
-        ps.softmax(x, out=y)
+        ps.softmax(x, axis=int(axis) if axis else -1, out=y)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_push(spec)
-        ps.softmax(x, out=y)
+        ps.softmax(x, axis=int(axis) if axis else -1, out=y)
         torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
 
