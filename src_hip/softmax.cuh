@@ -1489,6 +1489,32 @@ PS_DEVICE MD<C> merge_column_groups(const C* part_m, const C* part_d, int q, int
   return md;
 }
 
+// The on-chip strided tier's merges over `rows` rows of (m, d) pairs in the scratch ([row][position])
+// for each of `width` positions, in two steps so that no thread merges a long chain while the
+// block waits at the barrier after it: first the block's threads side by side, a thread a
+// (position, slice of the rows) in the slice's first row (which no other thread reads), then
+// (after a barrier) a thread a position over the slices, in merge_slices. `slices` is
+// merge_slices_of(rows, width). With one warp merging a float32 tile's 32 rows alone, ncu saw the
+// block's other warps at those barriers for 12% of its stall samples; in slices, H200 axis 0 of
+// float32 8192 x 8192 went from 64-65% of the copy to 73-74 (16-bit tiles, 8 rows, level).
+PS_DEVICE int merge_slices_of(int rows, int width) {
+  const int threads_a_position = PS_BLOCK_DIM_X / width;
+  return threads_a_position < rows ? (threads_a_position > 1 ? threads_a_position : 1) : rows;
+}
+template <typename C>
+PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, int slices) {
+  for (int t = PS_THREAD_X; t < slices * width; t += PS_BLOCK_DIM_X) {
+    const int q = t % width, s = t / width;  // neighbouring lanes, neighbouring positions: no bank conflict
+    MD<C> md = md_identity<C>();
+    for (int r = s; r < rows; r += slices) md = md_combine(md, MD<C>{part_m[r * width + q], part_d[r * width + q]});
+    part_m[s * width + q] = md.m;
+    part_d[s * width + q] = md.d;
+  }
+}
+template <typename C> PS_DEVICE MD<C> merge_slices(const C* part_m, const C* part_d, int q, int width, int slices) {
+  return merge_column_groups(part_m, part_d, q, slices, width);
+}
+
 // ---- reduction over a non-last axis -------------------------------------------
 // The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
 // inner positions (coalesced loads) and splits the reduced axis among
@@ -1580,6 +1606,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   const i64 c_begin = chunk * chunk_cols;
   const i64 c_end = c_begin + chunk_cols < cols ? c_begin + chunk_cols : cols;
   const i64 tiles = outer * tiles_per_outer;
+  const int group_slices = merge_slices_of(groups, width);
+  const int chunk_slices = merge_slices_of((int)chunks, width);  // chunks <= multiprocessors (planner)
   // The variants that refill their cache asynchronously poll each pair as it lands and count no
   // arrivals; the others wait on the tile's count. Measured on an H100 against the count: float32
   // axis 0 of 8192 x 8192 70 -> 72-74% of the copy, 16384 x 4096 65 -> 68, 4096 x 16384 70 -> 75;
@@ -1655,28 +1683,29 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       part_d[PS_THREAD_X * VEC + j] = own.d;
     }
     PS_SYNC();
+    merge_rows_in_slices(part_m, part_d, groups, width, group_slices);
+    PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
-      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups(part_m, part_d, q, groups, width));
+      pairs.publish((tile * chunks + chunk) * width + q, merge_slices(part_m, part_d, q, width, group_slices));
     }
     PS_SYNC();  // the scratch is read above before it is written below
     if constexpr (!poll_pairs) {
       if (PS_THREAD_X == 0) arrive_and_wait(arrivals + tile, chunks);
       PS_SYNC();
     }
-    // The tile's (m, d) per position: each column group merges a share of the chunks.
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
+    // The tile's (m, d) per position: a thread a (position, slice of the chunks) merges the
+    // slice's published pairs, then a thread a position the slices.
+    for (int t = PS_THREAD_X; t < chunk_slices * width; t += PS_BLOCK_DIM_X) {
+      const int q = t % width, s = t / width;
       MD<C> md = md_identity<C>();
-      for (i64 c = ty; c < chunks; c += groups) {
-        md = md_combine(md, pairs.read((tile * chunks + c) * width + tx * VEC + j));
-      }
-      part_m[PS_THREAD_X * VEC + j] = md.m;
-      part_d[PS_THREAD_X * VEC + j] = md.d;
+      for (i64 c = s; c < chunks; c += chunk_slices) md = md_combine(md, pairs.read((tile * chunks + c) * width + q));
+      part_m[s * width + q] = md.m;
+      part_d[s * width + q] = md.d;
     }
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
-      const MD<C> total = merge_column_groups(part_m, part_d, q, groups, width);
-      part_m[q] = total.m;  // row g = 0 of the scratch, read by every group below
+      const MD<C> total = merge_slices(part_m, part_d, q, width, chunk_slices);
+      part_m[q] = total.m;  // row 0 of the scratch, read by every group below
       part_d[q] = total.d;
     }
     PS_SYNC();

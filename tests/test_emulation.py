@@ -22,7 +22,7 @@ from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.api import problem_for, run_host_array
 from portable_softmax.layout import describe, normalize_axis
-from portable_softmax.planner import STRIDED_VECTOR_ITEMSIZES, RowProblem, plan
+from portable_softmax.planner import STRIDED_CACHED_THREADS, STRIDED_VECTOR_ITEMSIZES, RowProblem, plan
 
 WARPS = V.WARP_SIZES
 ATOL, RTOL = 1e-6, 1e-5
@@ -668,8 +668,9 @@ def test_non_last_axis_cached_on_chip_with_vectors_and_without(request, rng, dty
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
-                                  shared_mem_per_multiprocessor=192 * 1024)
+                                  shared_mem_per_multiprocessor=192 * 1024, multiprocessors=32)
         widths = set()
+        many_chunks = False
         for inner in (128, 129):
             cols = 8
             while cols <= 1 << 12:
@@ -677,17 +678,24 @@ def test_non_last_axis_cached_on_chip_with_vectors_and_without(request, rng, dty
                 if _tier(runtime, reduced, 1, "softmax", False) == "strided_cached":
                     break
                 cols += max(1, cols // 16)
-            x = _inputs(rng, (2, inner, cols), dtype)
-            reduced = np.ascontiguousarray(np.moveaxis(x, -1, 1))
-            layout = describe(reduced.shape, tuple(s // reduced.itemsize for s in reduced.strides), 1)
-            for op, safe in OP_CASES:
-                the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), runtime.profile(0))
-                assert the_plan.tier == "strided_cached", (warp, inner, cols, the_plan.tier)
-                widths.add(the_plan.notes["vec"])
-                got = runtime.run_plan(reduced, the_plan)
-                assert_close(got, reduced, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {reduced.shape}")
+            # The fewest columns that take the tier (two chunks), and sixteen times as many over
+            # a quarter of the inner positions (a grid the emulation's threads hold): more chunks
+            # than the block's threads a tile position, whose pairs merge in slices.
+            for outer, positions, n in ((2, inner, cols), (1, inner // 4 + inner % 2, 16 * cols)):
+                x = _inputs(rng, (outer, positions, n), dtype)
+                reduced = np.ascontiguousarray(np.moveaxis(x, -1, 1))
+                layout = describe(reduced.shape, tuple(s // reduced.itemsize for s in reduced.strides), 1)
+                for op, safe in OP_CASES:
+                    the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), runtime.profile(0))
+                    assert the_plan.tier == "strided_cached", (warp, positions, n, the_plan.tier)
+                    widths.add(the_plan.notes["vec"])
+                    many_chunks |= the_plan.notes["chunks"] > STRIDED_CACHED_THREADS // (
+                        the_plan.notes["inner_tile"] * the_plan.notes["vec"])
+                    got = runtime.run_plan(reduced, the_plan)
+                    assert_close(got, reduced, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {reduced.shape}")
         vectors = V.DTYPES[dtype][2] in STRIDED_VECTOR_ITEMSIZES
         assert widths == ({1, V.strided_vector_widths(dtype)[1]} if vectors else {1})
+        assert many_chunks
 
 
 @pytest.mark.parametrize("dtype", V.DTYPES)
