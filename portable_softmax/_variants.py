@@ -43,9 +43,9 @@ def vector_widths(dtype: str) -> tuple[int, int]:
 
 def strided_vector_widths(dtype: str) -> tuple[int, int]:
     """Inner positions a thread of the on-chip strided tier takes with one load: 1, or a 16-byte
-    vector of 4- and 8-byte types, a 4-byte pair of 16-bit ones (16-byte vectors of those took 80
-    registers a thread and 16 KiB of (m, d) scratch a block)."""
-    return (1, 2) if DTYPES[dtype][2] == 2 else vector_widths(dtype)
+    vector of 4- and 8-byte types, an 8-byte vector of four 16-bit ones (16-byte vectors of those
+    took 80 registers a thread and 16 KiB of (m, d) scratch a block; 4-byte pairs were slower)."""
+    return (1, 4) if DTYPES[dtype][2] == 2 else vector_widths(dtype)
 
 
 def warp_batch(dtype: str, slots: int, vec: int) -> int:

@@ -886,7 +886,9 @@ STRIDED_CHUNKS_PER_SM = 4
 #: when aligned). Measured on an H100, axis 0 (% of the copy): 16-bit pairs against a thread per
 #: position (whose warp read half a line a row) 8192 x 8192 42-43 -> 54-56, 16384 x 4096 43-44 ->
 #: 54-56, 4096 x 16384 42-44 -> 49-58, 32768 x 2048 39-40 -> 46-48; 16-bit 8-wide vectors 25-32
-#: against 32-41 (80 registers a thread, and 16 KiB of (m, d) scratch a block).
+#: against 32-41 (80 registers a thread, and 16 KiB of (m, d) scratch a block). On an H200, 16-bit
+#: 4-wide (8-byte) vectors against pairs: 8192 x 8192 47-48 -> 54-57, 16384 x 4096 45 -> 52-56,
+#: 32768 x 2048 40-41 -> 46-49 (a slot's addresses, copies and stores over four values, not two).
 STRIDED_VECTOR_ITEMSIZES = (2, 4, 8)
 
 

@@ -386,7 +386,7 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     assert p.tier == "strided_cached"
     (launch,) = p.launches
     tile, vec, chunks, chunk_cols = (p.notes[k] for k in ("inner_tile", "vec", "chunks", "chunk_cols"))
-    assert vec == (16 // itemsize if itemsize >= 4 else 2), "aligned rows: 16-byte vectors, 16-bit pairs"
+    assert vec == (16 // itemsize if itemsize >= 4 else 4), "aligned rows: 16-byte vectors (8 bytes of 16-bit)"
     assert tile * vec * itemsize == min(128, device.warp_size * vec * itemsize), "tile rows of a cache line"
     assert launch.block % tile == 0 and launch.block <= device.max_threads_per_block
     assert chunks * chunk_cols >= 8192 > (chunks - 1) * chunk_cols
