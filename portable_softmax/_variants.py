@@ -144,6 +144,19 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
+def strided_thread_widths(dtype: str) -> tuple[int, ...]:
+    """Vector widths of the short-axis strided tier: every power of two up to 16 bytes (a thread
+    takes 16 bytes of inner positions, in 16 // (vec * itemsize) vectors)."""
+    widest = vector_widths(dtype)[1]
+    return tuple(1 << k for k in range(widest.bit_length()))
+
+
+def strided_thread_name(dtype: str, op: str, vec: int) -> str:
+    """A short non-last axis, a thread per 16 bytes of inner positions (vectors of `vec`) and the
+    whole axis."""
+    return f"ps_strided_thread_{DTYPES[dtype][0]}_{op}_v{vec}"
+
+
 def strided_cached_name(dtype: str, op: str, vec: int) -> str:
     """A non-last axis split over co-resident blocks that cache their chunks (one read); a thread
     takes `vec` neighbouring inner positions."""
@@ -193,6 +206,7 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 def warp_free_names(dtype: str) -> list[str]:
     """The kernels of one dtype that use no shuffles, built once for every warp size."""
     names = [strided_name(dtype, op) for op in OPS]
+    names += [strided_thread_name(dtype, op, vec) for op in OPS for vec in strided_thread_widths(dtype)]
     names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in strided_vector_widths(dtype)]
     names += [staged_name(dtype, op) for op in OPS]
     names += [staged_group_name(dtype, op, lanes) for op in OPS for lanes in STAGED_GROUP_LANES]
@@ -245,6 +259,8 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
+        for vec in strided_thread_widths(dtype):
+            out.append(f"PS_STRIDED_THREAD_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         for vec in strided_vector_widths(dtype):
             out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")

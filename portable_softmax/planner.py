@@ -855,6 +855,9 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     cached = _plan_strided_cached(p, device)
     if cached is not None:
         return cached
+    if p.cols <= STRIDED_THREAD_SHORT_COLS or (
+            p.cols <= STRIDED_THREAD_MAX_COLS and p.inner >= STRIDED_THREAD_MIN_INNER):
+        return _plan_strided_thread(p, device)
     # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
     # the rest of the block splits the reduced axis into column groups.
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
@@ -903,6 +906,44 @@ def strided_vec(p: StridedProblem) -> int:
     aligned = all(v % widest == 0 for v in (p.inner, xc, yc, p.x_misalign, p.y_misalign))
     aligned = aligned and (p.outer == 1 or (xo % widest == 0 and yo % widest == 0))
     return widest if aligned and xi == 1 and yi == 1 else 1
+
+
+#: a non-last axis that does not take the on-chip strided tier is reduced a thread per 16 bytes of
+#: inner positions (strided_thread: no column groups, no barrier) when it has at most
+#: STRIDED_THREAD_SHORT_COLS rows, or at most STRIDED_THREAD_MAX_COLS over at least
+#: STRIDED_THREAD_MIN_INNER inner positions. Measured on an H200 (% of the copy, float32 / bfloat16
+#: softmax, against the column groups of the strided tier): axis 0 of 2-64 rows 4-17 -> 47-92 /
+#: 2.5-9 -> 25-75 (3 and 32 rows, inner odd: 36-40 / 24-25), 65-300 rows 17-37 -> 54-61 /
+#: 10-21 -> 41-48; middle axes of 8 inner positions and 8 rows 3 -> 27 / 2 -> 13, of 16 and 64
+#: 17 -> 35 / 9 -> 24, but of 16 and 256 41 -> 33 / 22 -> 21. (Axes of some 384 rows and more
+#: over 32 positions or more mostly take the on-chip tier before this one.)
+STRIDED_THREAD_SHORT_COLS = 64
+STRIDED_THREAD_MAX_COLS = 512
+STRIDED_THREAD_MIN_INNER = 32
+#: threads of its blocks (kStridedThreadThreads in softmax.cuh)
+STRIDED_THREAD_THREADS = 256
+
+
+def strided_thread_vec(p: StridedProblem) -> int:
+    """The widest of V.strided_thread_widths to which every row of the input and output starts
+    aligned (inner positions contiguous), else 1."""
+    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
+    if xi != 1 or yi != 1:
+        return 1
+    steps = (p.inner, xc, yc, p.x_misalign, p.y_misalign) + ((xo, yo) if p.outer > 1 else ())
+    return max(v for v in V.strided_thread_widths(p.dtype) if all(s % v == 0 for s in steps))
+
+
+def _plan_strided_thread(p: StridedProblem, device: DeviceProfile) -> Plan:
+    vec = strided_thread_vec(p)
+    lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
+    lines = p.outer * ceil(p.inner / vec)
+    args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
+            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, _safe(p)))
+    launch = Launch(V.strided_thread_name(p.dtype, p.op, vec),
+                    _work_grid(ceil(lines / (STRIDED_THREAD_THREADS * lines_a_thread)), device),
+                    STRIDED_THREAD_THREADS, 0, args)
+    return Plan("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread})
 
 
 def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | None:

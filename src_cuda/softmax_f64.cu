@@ -3,6 +3,8 @@
 #include "softmax.cuh"
 
 PS_STRIDED_ENTRY(f64, double, softmax, ps::kSoftmax)
+PS_STRIDED_THREAD_ENTRY(f64, double, softmax, ps::kSoftmax, 1)
+PS_STRIDED_THREAD_ENTRY(f64, double, softmax, ps::kSoftmax, 2)
 PS_STRIDED_CACHED_ENTRY(f64, double, softmax, ps::kSoftmax, 1)
 PS_STRIDED_CACHED_ENTRY(f64, double, softmax, ps::kSoftmax, 2)
 PS_STAGED_ENTRY(f64, double, softmax, ps::kSoftmax, 2)
@@ -10,6 +12,8 @@ PS_STAGED_GROUP_ENTRY(f64, double, softmax, ps::kSoftmax, 4, 2)
 PS_STAGED_GROUP_ENTRY(f64, double, softmax, ps::kSoftmax, 8, 2)
 PS_STAGED_GROUP_ENTRY(f64, double, softmax, ps::kSoftmax, 16, 2)
 PS_STRIDED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax)
+PS_STRIDED_THREAD_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 1)
+PS_STRIDED_THREAD_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 2)
 PS_STRIDED_CACHED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 1)
 PS_STRIDED_CACHED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 2)
 PS_STAGED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 2)

@@ -1576,6 +1576,91 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   }
 }
 
+// ---- a short non-last axis, a thread per inner vector ------------------------------
+// Where the reduced axis is short (a few rows) and inner long, strided_axis's column groups idle
+// and its barriers come every few values. Here a thread takes LINES vectors of VEC neighbouring
+// inner positions (one load a row each; the host checks that every row is VEC-aligned), the
+// block's LINES x 256 vectors side by side so that each of a thread's loads is coalesced across
+// the block, and the whole reduced axis: no shared memory, no barrier. The variants take 16 bytes
+// of positions a thread (VEC x LINES), so that narrower vectors keep as many loads in flight.
+// kStridedHeld rows (of all the lines) stay in registers from the (m, d) pass to the outputs;
+// longer axes read theirs again (a warp's rows were just read: mostly from the L2).
+const int kStridedThreadThreads = 256;  // the launch's block size
+const int kStridedHeld = 8;             // vectors a thread holds
+
+template <typename T, int OP, int VEC, int LINES>
+PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
+                              i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int safe) {
+  typedef typename compute_of<T>::type C;
+  typedef Vec<T, VEC> V;
+  constexpr int kRows = kStridedHeld / LINES;  // rows of each line a step
+  const i64 vectors_per_outer = (inner + VEC - 1) / VEC;  // inner is a multiple of VEC where VEC > 1
+  const i64 lines = outer * vectors_per_outer;
+  const i64 block_lines = (i64)PS_BLOCK_DIM_X * LINES;
+  for (i64 base = (i64)PS_BLOCK_X * block_lines; base < lines; base += (i64)PS_GRID_DIM_X * block_lines) {
+    const T* xl[LINES];
+    T* yl[LINES];
+    bool live[LINES];
+#pragma unroll
+    for (int l = 0; l < LINES; ++l) {
+      const i64 line = base + l * PS_BLOCK_DIM_X + PS_THREAD_X;
+      live[l] = line < lines;
+      const i64 o = line / vectors_per_outer, i = (line % vectors_per_outer) * VEC;
+      xl[l] = x + o * xs_outer + i * xs_inner;
+      yl[l] = y + o * ys_outer + i * ys_inner;
+    }
+    auto load = [&](int l, i64 c) { return *reinterpret_cast<const V*>(xl[l] + c * xs_col); };
+    V held[LINES][kRows];
+    OnlineSum<C> acc[LINES][VEC];
+    for (i64 c0 = 0; c0 < cols; c0 += kRows) {
+#pragma unroll
+      for (int l = 0; l < LINES; ++l) {
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) held[l][u] = live[l] && c0 + u < cols ? load(l, c0 + u) : neg_inf_vec<T, VEC>();
+      }
+#pragma unroll
+      for (int l = 0; l < LINES; ++l) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          C v[kRows];
+#pragma unroll
+          for (int u = 0; u < kRows; ++u) v[u] = to_compute(held[l][u].v[j]);
+          acc[l][j].template push_all<kRows>(v);
+        }
+      }
+    }
+    RowFinish<OP, T> finish[LINES][VEC];
+#pragma unroll
+    for (int l = 0; l < LINES; ++l) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) finish[l][j] = RowFinish<OP, T>(acc[l][j].md(), safe != 0);
+    }
+    for (i64 c0 = 0; c0 < cols; c0 += kRows) {
+      if (cols > kRows) {  // all loads before the first store, which might alias them (in place)
+#pragma unroll
+        for (int l = 0; l < LINES; ++l) {
+#pragma unroll
+          for (int u = 0; u < kRows; ++u) {
+            if (live[l] && c0 + u < cols) held[l][u] = load(l, c0 + u);
+          }
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < LINES; ++l) {
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          if (live[l] && c0 + u < cols) {
+            V out;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[l][j](to_compute(held[l][u].v[j])));
+            *reinterpret_cast<V*>(yl[l] + (c0 + u) * ys_col) = out;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- reduction over a non-last axis, on chip ----------------------------------------
 // strided_axis reads the tensor twice. Here a tile's reduced axis is split into `chunks` chunks
 // of chunk_cols, each cached in shared memory by one of the tile's co-resident blocks (as
@@ -1829,6 +1914,14 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
     ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
+
+#define PS_STRIDED_THREAD_ENTRY(DT, T, OPN, OP, V)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_##DT##_##OPN##_v##V(    \
+      const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
+      ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
+    ps::strided_thread<T, OP, V, 16 / sizeof(T) / V>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe); \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V)
 
 #define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kCachedThreads, ps::min_blocks<T>(ps::kCachedMinBlocks)) \

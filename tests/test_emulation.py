@@ -266,12 +266,15 @@ def test_sixteen_bit_conversions_round_to_nearest_even(library, rng, dtype, to_f
 # ---- the kernels through the emulation -----------------------------------------------------------
 #: (shape, axis): the input is drawn with `shape`, then its last axis is moved to `axis`. Contiguous
 #: rows from one lane per row up to rows split across blocks (grid-stride loops at the larger row
-#: counts), then reductions over a non-last axis (the strided tier).
+#: counts), then reductions over a non-last axis: short ones a thread per 16 bytes of inner positions
+#: in vectors (9 rows: more than a thread holds) or narrower, several a thread (7, 33; 1001 and 1026
+#: positions: more than a block's first vectors), and a longer one over column groups (100).
 SHAPES = [((300, 1), 1), ((64, 3), 1), ((67, 5), 1), ((64, 6), 1), ((40, 127), 1), ((33, 37), 1), ((9, 130), 1),
           ((600, 100), 1), ((5, 1000), 1), ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1),
-          ((3, 20000), 1), ((1, 20000), 1), ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0)]
+          ((3, 20000), 1), ((1, 20000), 1), ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0), ((2, 16, 9), 1),
+          ((2, 1001, 9), 1), ((1, 1026, 3), 1), ((3, 4, 100), 1)]
 #: every tier the planner has (tier "empty" launches nothing)
-TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided", "strided_cached"}
+TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided", "strided_thread", "strided_cached"}
 OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]
 
 
@@ -328,10 +331,14 @@ def _shapes_reaching_every_tier(runtime: EmulatedRuntime, dtype: str) -> list[tu
     """SHAPES, plus the first row shape the planner sends to each row tier SHAPES misses, and the
     first (2, cols, 41) reduced over its middle axis that is cached on chip (so that moving tier
     boundaries cannot silently drop a tier from the test)."""
-    reached = {_tier(runtime, np.empty(shape, host_dtype(dtype)), normalize_axis(axis, len(shape)), "softmax", False)
+    def reduced(shape: tuple[int, ...], axis: int) -> np.ndarray:  # the last axis moved to `axis`, as run
+        axis = normalize_axis(axis, len(shape))
+        return np.empty(shape[:axis] + shape[-1:] + shape[axis:-1], host_dtype(dtype))
+
+    reached = {_tier(runtime, reduced(shape, axis), normalize_axis(axis, len(shape)), "softmax", False)
                for shape, axis in SHAPES}
     extra, cols = [], 1
-    while cols <= 1 << 17 and not TIERS - {"strided", "strided_cached"} <= reached:
+    while cols <= 1 << 17 and not TIERS - {"strided", "strided_thread", "strided_cached"} <= reached:
         for rows in (7, 3, 1):
             tier = _tier(runtime, np.empty((rows, cols), host_dtype(dtype)), 1, "softmax", False)
             if tier not in reached:

@@ -16,6 +16,8 @@ from portable_softmax.planner import (
     I32,
     SCRATCH_ALIGN,
     STAGED_WARP_ITEMSIZES,
+    STRIDED_THREAD_MAX_COLS,
+    STRIDED_THREAD_SHORT_COLS,
     DeviceProfile,
     PlanError,
     RowProblem,
@@ -361,12 +363,44 @@ def test_split_rows_are_cut_into_chunks_on_aligned_boundaries(device, dtype):
 
 
 def test_strided_plan_and_errors():
-    p = plan(StridedProblem("float32", "softmax", 8, 100, 64, (6400, 64, 1), (6400, 64, 1)), PROFILES["mi300x"])
-    assert p.tier == "strided" and p.notes["inner_tile"] == 64 and p.launches[0].block == 1024
+    p = plan(StridedProblem("float32", "softmax", 8, 100, 16, (1600, 16, 1), (1600, 16, 1)), PROFILES["mi300x"])
+    assert p.tier == "strided" and p.notes["inner_tile"] == 16 and p.launches[0].block == 512
     with pytest.raises(PlanError, match="warp size 16"):
         plan(RowProblem("float32", "softmax", 1, 1), DeviceProfile("odd", "x", "y", 16, 1))
     with pytest.raises(PlanError, match="supported: float32"):
         plan(RowProblem("int8", "softmax", 1, 1), PROFILES["h100"])
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_short_non_last_axes_take_a_thread_per_inner_vector(device, dtype):
+    """axis=0 of 2 x 2**25 up to 64 rows: a thread per 16 bytes of inner positions, in the widest
+    vectors to which every row starts aligned (narrower ones several a thread), 256 threads a
+    block; up to 512 rows over 32 inner positions or more (300 here); longer axes and 65 rows or more over
+    fewer positions go back to the column groups of the strided tier."""
+    widest = V.vector_widths(dtype)[1]
+    for cols in (2, 9, STRIDED_THREAD_SHORT_COLS):
+        inner = (1 << 26) // cols // 16 * 16
+        p = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1)), device)
+        assert p.tier == "strided_thread" and p.notes["vec"] == widest
+        (launch,) = p.launches
+        assert launch.kernel == V.strided_thread_name(dtype, "softmax", widest) and launch.block == 256
+        assert launch.grid == -(-inner // widest // 256) and not launch.cooperative and launch.shared_mem == 0
+        assert p.notes["lines"] == 1
+        for extra, vec in ((1, 1), (2, 2)):
+            n = inner + extra
+            odd = plan(StridedProblem(dtype, "softmax", 1, cols, n, (0, n, 1), (0, n, 1)), device)
+            assert odd.tier == "strided_thread" and (odd.notes["vec"], odd.notes["lines"]) == (vec, widest // vec)
+            assert odd.launches[0].grid == -(-n // (256 * widest))
+        misaligned = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1),
+                                         x_misalign=1), device)
+        assert misaligned.notes["vec"] == 1
+    longer = plan(StridedProblem(dtype, "softmax", 4, 300, 40, (12000, 40, 1), (12000, 40, 1)), device)
+    assert longer.tier == "strided_thread"
+    for rows, inner in ((STRIDED_THREAD_MAX_COLS + 1, 8), (STRIDED_THREAD_SHORT_COLS + 1, 16)):
+        longer = plan(StridedProblem(dtype, "softmax", 64, rows, inner, (rows * inner, inner, 1),
+                                     (rows * inner, inner, 1)), device)
+        assert longer.tier == "strided", (rows, inner)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -377,7 +411,7 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     strided tier (which reads twice)."""
     itemsize = V.DTYPES[dtype][2]
     compute = 8 if dtype == "float64" else 4
-    short = plan(StridedProblem(dtype, "softmax", 8, 40, 64, (2560, 64, 1), (2560, 64, 1)), device)
+    short = plan(StridedProblem(dtype, "softmax", 8, 80, 16, (1280, 16, 1), (1280, 16, 1)), device)
     assert short.tier == "strided"
     p = plan(StridedProblem(dtype, "log_softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1)), device)
     if p.tier == "strided":  # float64 scratch and chunks too big for 64 KiB of shared memory
