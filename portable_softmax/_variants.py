@@ -144,17 +144,32 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
+#: lines a thread of the short-axis strided tier takes in vectors of 16 bytes, by the most rows of
+#: the reduced axis they serve (8 vectors held a thread: a row or two of each line in flight).
+#: Measured on an H200 against one line (% of the copy, softmax / log_softmax): float32 2 rows
+#: 47 / 51 -> 50 / 80, 3 rows 65 / 70 -> 71 / 84, 4 rows 80 / 85 -> 81 / 87.5; float16 2 rows
+#: 30 / 31 -> 33 / 34, 3-4 rows 41-50 / 44-52 -> 54-60 / 56-64; bfloat16 2 rows 31 -> 35-36,
+#: but 3-4 rows 41-50 / 45-52 -> 40-47.5 / 41-49.
+STRIDED_THREAD_WIDE_LINES = ((2, 4), (4, 2))
+
+
 def strided_thread_widths(dtype: str) -> tuple[int, ...]:
-    """Vector widths of the short-axis strided tier: every power of two up to 16 bytes (a thread
-    takes 16 bytes of inner positions, in 16 // (vec * itemsize) vectors)."""
+    """Vector widths of the short-axis strided tier: every power of two up to 16 bytes."""
     widest = vector_widths(dtype)[1]
     return tuple(1 << k for k in range(widest.bit_length()))
 
 
-def strided_thread_name(dtype: str, op: str, vec: int) -> str:
-    """A short non-last axis, a thread per 16 bytes of inner positions (vectors of `vec`) and the
-    whole axis."""
-    return f"ps_strided_thread_{DTYPES[dtype][0]}_{op}_v{vec}"
+def strided_thread_variants(dtype: str) -> tuple[tuple[int, int], ...]:
+    """(vec, lines) of the short-axis strided tier: 16 bytes of inner positions a thread in vectors
+    of `vec` (16 // (vec * itemsize) of them), and 16-byte vectors also 2 or 4 a thread."""
+    widest = vector_widths(dtype)[1]
+    return tuple((vec, widest // vec) for vec in strided_thread_widths(dtype)) + tuple(
+        (widest, lines) for _, lines in STRIDED_THREAD_WIDE_LINES)
+
+
+def strided_thread_name(dtype: str, op: str, vec: int, lines: int) -> str:
+    """A short non-last axis, a thread per `lines` vectors of `vec` inner positions and the whole axis."""
+    return f"ps_strided_thread_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
 def strided_cached_name(dtype: str, op: str, vec: int) -> str:
@@ -206,7 +221,7 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 def warp_free_names(dtype: str) -> list[str]:
     """The kernels of one dtype that use no shuffles, built once for every warp size."""
     names = [strided_name(dtype, op) for op in OPS]
-    names += [strided_thread_name(dtype, op, vec) for op in OPS for vec in strided_thread_widths(dtype)]
+    names += [strided_thread_name(dtype, op, vec, lines) for op in OPS for vec, lines in strided_thread_variants(dtype)]
     names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in strided_vector_widths(dtype)]
     names += [staged_name(dtype, op) for op in OPS]
     names += [staged_group_name(dtype, op, lanes) for op in OPS for lanes in STAGED_GROUP_LANES]
@@ -259,8 +274,8 @@ def render_source(dtype: str) -> str:
     ]
     for op, enum in OPS.items():
         out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
-        for vec in strided_thread_widths(dtype):
-            out.append(f"PS_STRIDED_THREAD_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
+        for vec, lines in strided_thread_variants(dtype):
+            out.append(f"PS_STRIDED_THREAD_ENTRY({tag}, {ctype}, {op}, {enum}, {vec}, {lines})")
         for vec in strided_vector_widths(dtype):
             out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
         out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")

@@ -937,10 +937,12 @@ def strided_thread_vec(p: StridedProblem) -> int:
 def _plan_strided_thread(p: StridedProblem, device: DeviceProfile) -> Plan:
     vec = strided_thread_vec(p)
     lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
+    if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
+        lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
     lines = p.outer * ceil(p.inner / vec)
     args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, _safe(p)))
-    launch = Launch(V.strided_thread_name(p.dtype, p.op, vec),
+    launch = Launch(V.strided_thread_name(p.dtype, p.op, vec, lines_a_thread),
                     _work_grid(ceil(lines / (STRIDED_THREAD_THREADS * lines_a_thread)), device),
                     STRIDED_THREAD_THREADS, 0, args)
     return Plan("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread})

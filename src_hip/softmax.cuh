@@ -1629,11 +1629,18 @@ PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, 
         }
       }
     }
-    RowFinish<OP, T> finish[LINES][VEC];
+    // Each position's finish, made once; past 8 positions a thread a line's finish is made where
+    // its outputs are (the axes those variants take fit one step), which holds fewer registers.
+    constexpr bool kFinishOnce = LINES * VEC <= 8;
+    MD<C> md[LINES][VEC];
+    RowFinish<OP, T> finish_once[kFinishOnce ? LINES : 1][VEC];
 #pragma unroll
     for (int l = 0; l < LINES; ++l) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) finish[l][j] = RowFinish<OP, T>(acc[l][j].md(), safe != 0);
+      for (int j = 0; j < VEC; ++j) {
+        md[l][j] = acc[l][j].md();
+        if constexpr (kFinishOnce) finish_once[l][j] = RowFinish<OP, T>(md[l][j], safe != 0);
+      }
     }
     for (i64 c0 = 0; c0 < cols; c0 += kRows) {
       if (cols > kRows) {  // all loads before the first store, which might alias them (in place)
@@ -1647,12 +1654,21 @@ PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, 
       }
 #pragma unroll
       for (int l = 0; l < LINES; ++l) {
+        RowFinish<OP, T> finish[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if constexpr (kFinishOnce) {
+            finish[j] = finish_once[l][j];
+          } else {
+            finish[j] = RowFinish<OP, T>(md[l][j], safe != 0);
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kRows; ++u) {
           if (live[l] && c0 + u < cols) {
             V out;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[l][j](to_compute(held[l][u].v[j])));
+            for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(held[l][u].v[j])));
             *reinterpret_cast<V*>(yl[l] + (c0 + u) * ys_col) = out;
           }
         }
@@ -1915,13 +1931,13 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
 
-#define PS_STRIDED_THREAD_ENTRY(DT, T, OPN, OP, V)                                                   \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_##DT##_##OPN##_v##V(    \
+#define PS_STRIDED_THREAD_ENTRY(DT, T, OPN, OP, V, L)                                                \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_##DT##_##OPN##_v##V##_l##L( \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
-    ps::strided_thread<T, OP, V, 16 / sizeof(T) / V>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe); \
+    ps::strided_thread<T, OP, V, L>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);   \
   }                                                                                                  \
-  PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V)
+  PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V##_l##L)
 
 #define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kCachedThreads, ps::min_blocks<T>(ps::kCachedMinBlocks)) \

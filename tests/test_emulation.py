@@ -268,11 +268,12 @@ def test_sixteen_bit_conversions_round_to_nearest_even(library, rng, dtype, to_f
 #: rows from one lane per row up to rows split across blocks (grid-stride loops at the larger row
 #: counts), then reductions over a non-last axis: short ones a thread per 16 bytes of inner positions
 #: in vectors (9 rows: more than a thread holds) or narrower, several a thread (7, 33; 1001 and 1026
-#: positions: more than a block's first vectors), and a longer one over column groups (100).
+#: positions: more than a block's first vectors), 16-byte vectors two or four a thread (3 and 2 rows),
+#: and a longer one over column groups (100).
 SHAPES = [((300, 1), 1), ((64, 3), 1), ((67, 5), 1), ((64, 6), 1), ((40, 127), 1), ((33, 37), 1), ((9, 130), 1),
           ((600, 100), 1), ((5, 1000), 1), ((11, 2500), 1), ((7, 5000), 1), ((3, 5000), 1), ((3, 12000), 1),
           ((3, 20000), 1), ((1, 20000), 1), ((2, 60001), 1), ((4, 5, 33), 1), ((3, 2, 5, 7), 0), ((2, 16, 9), 1),
-          ((2, 1001, 9), 1), ((1, 1026, 3), 1), ((3, 4, 100), 1)]
+          ((2, 1001, 9), 1), ((1, 1026, 3), 1), ((1, 4096, 2), 1), ((1, 5000, 3), 1), ((3, 4, 100), 1)]
 #: every tier the planner has (tier "empty" launches nothing)
 TIERS = {"packed", "staged", "warp", "block", "cached", "split", "strided", "strided_thread", "strided_cached"}
 OP_CASES = [("softmax", False), ("softmax", True), ("log_softmax", False)]

@@ -375,23 +375,27 @@ def test_strided_plan_and_errors():
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_short_non_last_axes_take_a_thread_per_inner_vector(device, dtype):
     """axis=0 of 2 x 2**25 up to 64 rows: a thread per 16 bytes of inner positions, in the widest
-    vectors to which every row starts aligned (narrower ones several a thread), 256 threads a
-    block; up to 512 rows over 32 inner positions or more (300 here); longer axes and 65 rows or more over
-    fewer positions go back to the column groups of the strided tier."""
+    vectors to which every row starts aligned (narrower ones several a thread), and 16-byte vectors
+    two a thread for 3-4 rows, four for 2; 256 threads a block; up to 512 rows over 32 inner
+    positions or more (300 here); longer axes and 65 rows or more over fewer positions go back to
+    the column groups of the strided tier."""
     widest = V.vector_widths(dtype)[1]
-    for cols in (2, 9, STRIDED_THREAD_SHORT_COLS):
+    for cols, wide_lines in ((2, 4), (3, 2), (4, 2), (5, 1), (9, 1), (STRIDED_THREAD_SHORT_COLS, 1)):
         inner = (1 << 26) // cols // 16 * 16
         p = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1)), device)
-        assert p.tier == "strided_thread" and p.notes["vec"] == widest
+        assert p.tier == "strided_thread" and (p.notes["vec"], p.notes["lines"]) == (widest, wide_lines)
         (launch,) = p.launches
-        assert launch.kernel == V.strided_thread_name(dtype, "softmax", widest) and launch.block == 256
-        assert launch.grid == -(-inner // widest // 256) and not launch.cooperative and launch.shared_mem == 0
-        assert p.notes["lines"] == 1
+        assert launch.kernel == V.strided_thread_name(dtype, "softmax", widest, wide_lines)
+        assert (widest, wide_lines) in V.strided_thread_variants(dtype)
+        assert launch.block == 256 and not launch.cooperative and launch.shared_mem == 0
+        assert launch.grid == -(-inner // (widest * 256 * wide_lines))
         for extra, vec in ((1, 1), (2, 2)):
             n = inner + extra
             odd = plan(StridedProblem(dtype, "softmax", 1, cols, n, (0, n, 1), (0, n, 1)), device)
-            assert odd.tier == "strided_thread" and (odd.notes["vec"], odd.notes["lines"]) == (vec, widest // vec)
-            assert odd.launches[0].grid == -(-n // (256 * widest))
+            lines = widest // vec if vec < widest else wide_lines
+            assert odd.tier == "strided_thread" and (odd.notes["vec"], odd.notes["lines"]) == (vec, lines)
+            assert odd.launches[0].kernel == V.strided_thread_name(dtype, "softmax", vec, lines)
+            assert odd.launches[0].grid == -(-n // (vec * 256 * lines))
         misaligned = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1),
                                          x_misalign=1), device)
         assert misaligned.notes["vec"] == 1
