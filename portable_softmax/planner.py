@@ -848,6 +848,12 @@ def _plan_cluster(p: RowProblem, device: DeviceProfile, vec: int, slots: int, st
                                              "chunk_slots": chunk_slots})
 
 
+def _view_args(p: StridedProblem) -> tuple:
+    """The (outer, cols, inner) view and its input and output strides, as the strided kernels take them."""
+    return ((I64, p.outer), (I64, p.cols), (I64, p.inner), *((I64, s) for s in p.x_strides),
+            *((I64, s) for s in p.y_strides))
+
+
 def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     lines = p.outer * p.inner
     if lines <= 0 or p.cols <= 0:
@@ -863,9 +869,7 @@ def _plan_strided(p: StridedProblem, device: DeviceProfile) -> Plan:
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
-    args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
-            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
-            (I32, _safe(p)))
+    args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, inner_tile), (I32, _safe(p)))
     launch = Launch(V.strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile})
 
@@ -895,17 +899,23 @@ STRIDED_CHUNKS_PER_SM = 4
 STRIDED_VECTOR_ITEMSIZES = (2, 4, 8)
 
 
+def _widest_aligned(p: StridedProblem, widths) -> int:
+    """The widest of `widths` to which every row of the input and output starts aligned (inner
+    positions contiguous), else 1."""
+    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
+    if xi != 1 or yi != 1:
+        return 1
+    steps = (p.inner, xc, yc, p.x_misalign, p.y_misalign) + ((xo, yo) if p.outer > 1 else ())
+    return max((v for v in widths if all(s % v == 0 for s in steps)), default=1)
+
+
 def strided_vec(p: StridedProblem) -> int:
     """Inner positions a thread of the on-chip strided tier takes with one vector load: the
     widest (V.strided_vector_widths) when every row of the input and output starts aligned to
     it, else 1."""
-    widest = V.strided_vector_widths(p.dtype)[1]
     if V.DTYPES[p.dtype][2] not in STRIDED_VECTOR_ITEMSIZES:
         return 1
-    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
-    aligned = all(v % widest == 0 for v in (p.inner, xc, yc, p.x_misalign, p.y_misalign))
-    aligned = aligned and (p.outer == 1 or (xo % widest == 0 and yo % widest == 0))
-    return widest if aligned and xi == 1 and yi == 1 else 1
+    return _widest_aligned(p, V.strided_vector_widths(p.dtype))
 
 
 #: a non-last axis that does not take the on-chip strided tier is reduced a thread per 16 bytes of
@@ -924,24 +934,13 @@ STRIDED_THREAD_MIN_INNER = 32
 STRIDED_THREAD_THREADS = 256
 
 
-def strided_thread_vec(p: StridedProblem) -> int:
-    """The widest of V.strided_thread_widths to which every row of the input and output starts
-    aligned (inner positions contiguous), else 1."""
-    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
-    if xi != 1 or yi != 1:
-        return 1
-    steps = (p.inner, xc, yc, p.x_misalign, p.y_misalign) + ((xo, yo) if p.outer > 1 else ())
-    return max(v for v in V.strided_thread_widths(p.dtype) if all(s % v == 0 for s in steps))
-
-
 def _plan_strided_thread(p: StridedProblem, device: DeviceProfile) -> Plan:
-    vec = strided_thread_vec(p)
+    vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
     lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
     if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
         lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
     lines = p.outer * ceil(p.inner / vec)
-    args = (("ptr", "x"), ("ptr", "y"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
-            *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, _safe(p)))
+    args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, _safe(p)))
     launch = Launch(V.strided_thread_name(p.dtype, p.op, vec, lines_a_thread),
                     _work_grid(ceil(lines / (STRIDED_THREAD_THREADS * lines_a_thread)), device),
                     STRIDED_THREAD_THREADS, 0, args)
@@ -976,9 +975,8 @@ def _plan_strided_cached(p: StridedProblem, device: DeviceProfile) -> Plan | Non
     shared = chunk_cols * width * itemsize
     tiles = p.outer * ceil(p.inner / width)
     grid = _cooperative_grid(device, threads, shared + static_bytes, tiles, chunks)
-    args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.outer), (I64, p.cols),
-            (I64, p.inner), *((I64, s) for s in p.x_strides), *((I64, s) for s in p.y_strides), (I32, inner_tile),
-            (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))
+    args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), *_view_args(p),
+            (I32, inner_tile), (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))
     launch = Launch(V.strided_cached_name(p.dtype, p.op, vec), grid, threads, shared, args,
                     cooperative=True, min_grid=chunks)
     return Plan("strided_cached", (launch,),

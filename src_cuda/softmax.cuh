@@ -1492,7 +1492,7 @@ PS_DEVICE MD<C> merge_column_groups(const C* part_m, const C* part_d, int q, int
 // for each of `width` positions, in two steps so that no thread merges a long chain while the
 // block waits at the barrier after it: first the block's threads side by side, a thread a
 // (position, slice of the rows) in the slice's first row (which no other thread reads), then
-// (after a barrier) a thread a position over the slices, in merge_slices. `slices` is
+// (after a barrier) a thread a position over the slices (merge_column_groups). `slices` is
 // merge_slices_of(rows, width). With one warp merging a float32 tile's 32 rows alone, ncu saw the
 // block's other warps at those barriers for 12% of its stall samples; in slices, H200 axis 0 of
 // float32 8192 x 8192 went from 64-65% of the copy to 73-74 (16-bit tiles, 8 rows, level).
@@ -1509,9 +1509,6 @@ PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, i
     part_m[s * width + q] = md.m;
     part_d[s * width + q] = md.d;
   }
-}
-template <typename C> PS_DEVICE MD<C> merge_slices(const C* part_m, const C* part_d, int q, int width, int slices) {
-  return merge_column_groups(part_m, part_d, q, slices, width);
 }
 
 // ---- reduction over a non-last axis -------------------------------------------
@@ -1786,7 +1783,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     merge_rows_in_slices(part_m, part_d, groups, width, group_slices);
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
-      pairs.publish((tile * chunks + chunk) * width + q, merge_slices(part_m, part_d, q, width, group_slices));
+      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups(part_m, part_d, q, group_slices, width));
     }
     PS_SYNC();  // the scratch is read above before it is written below
     if constexpr (!poll_pairs) {
@@ -1804,7 +1801,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     }
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
-      const MD<C> total = merge_slices(part_m, part_d, q, width, chunk_slices);
+      const MD<C> total = merge_column_groups(part_m, part_d, q, chunk_slices, width);
       part_m[q] = total.m;  // row 0 of the scratch, read by every group below
       part_d[q] = total.d;
     }
