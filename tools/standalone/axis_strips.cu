@@ -38,10 +38,7 @@ __global__ void __launch_bounds__(THREADS, 1) strips(const T* x, T* y, long rows
     j = threadIdx.x;
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) {
-      if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
-      else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
-      else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
-      else asm volatile("cp.async.wait_group 0;" ::: "memory");
+      wait_for_group<GROUPS>(g);
       for (; j < n * (g + 1) / GROUPS; j += THREADS) {
         float v[VEC];
         widen16<T>(cache[j], v);

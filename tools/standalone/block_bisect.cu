@@ -50,13 +50,6 @@ struct ShiftSum {
 };
 constexpr int kLibrary = 255;
 
-template <int GROUPS> __device__ __forceinline__ void wait_for_group(int g) {
-  if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
-  else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
-  else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
-  else asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 template <typename T, int GROUPS, int K>
 __device__ __forceinline__ void mixed_row(const T* x, T* y, long long row, long long cols, float4* cache) {
   constexpr int VEC = 16 / sizeof(T);

@@ -42,10 +42,7 @@ __global__ void __launch_bounds__(THREADS, 1) hybrid(const T* x, T* y, long rows
   j = threadIdx.x;
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
-    if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
-    else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
-    else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
-    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    wait_for_group<GROUPS>(g);
     for (; j < n * (g + 1) / GROUPS; j += THREADS) sum.push(cache[j]);
   }
   const MD md = block_reduce(sum.md());
@@ -79,10 +76,7 @@ __global__ void __launch_bounds__(THREADS) blockv(const T* x, T* y, long rows, l
   j = threadIdx.x;
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
-    if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
-    else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
-    else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
-    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    wait_for_group<GROUPS>(g);
     for (; j < n * (g + 1) / GROUPS; j += THREADS) sum.push(cache[j]);
   }
   // (Each thread reads back only its own slots: no barrier needed for the cache.)

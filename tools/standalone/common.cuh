@@ -70,6 +70,14 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
+// This thread's copies of cp.async group g (of GROUPS committed, g unrolled) and of those before it have landed.
+template <int GROUPS> __device__ __forceinline__ void wait_for_group(int g) {
+  if (g == 0) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS - 1) : "memory");
+  else if (g == 1) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 2 ? GROUPS - 2 : 0) : "memory");
+  else if (g == 2) asm volatile("cp.async.wait_group %0;" ::"n"(GROUPS > 3 ? GROUPS - 3 : 0) : "memory");
+  else asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
 template <typename T> __device__ __forceinline__ void widen16(const float4& r, float* v);
 template <> __device__ __forceinline__ void widen16<float>(const float4& r, float* v) { v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w; }
 template <> __device__ __forceinline__ void widen16<__nv_bfloat16>(const float4& r, float* v) {
