@@ -38,6 +38,12 @@ namespace ps_emu {
 namespace {
 
 constexpr std::size_t kFiberStackBytes = 16 * 1024;  // the kernels use under 2 KiB at -O2
+// The foot of each fiber's stack holds this pattern, checked after every block: a stack that
+// overflowed into it fails the launch. (A no-access page below each stack took two memory
+// mappings a fiber; blocks of 1024 threads on a few hundred host threads then exceeded the
+// process's 65530 mappings.)
+constexpr std::size_t kStackCanaryBytes = 512;
+constexpr unsigned char kStackCanaryByte = 0xa5;
 constexpr unsigned kMaxBlockThreads = 1024;
 constexpr std::size_t kSharedGuardBytes = 64;
 constexpr unsigned char kPoisonByte = 0xff;  // all-ones is NaN in every float format the kernels use
@@ -73,7 +79,7 @@ enum class Wait { kRunnable, kShuffle, kBarrier, kSpinning, kDone, kFailed };
 
 struct Fiber {
   jmp_buf context;
-  void* mapping = nullptr;
+  unsigned char* stack = nullptr;  // kFiberStackBytes, its lowest kStackCanaryBytes the canary
   bool booted = false;
   ps_emu_thread_ids ids{};
   Wait wait = Wait::kRunnable;
@@ -119,7 +125,7 @@ BlockPool& block_pool();
 class Worker {
  public:
   ~Worker() {
-    for (auto& f : fibers_) munmap(f->mapping, page_bytes() + kFiberStackBytes);
+    if (stacks_ != nullptr) munmap(stacks_ - page_bytes(), page_bytes() + kMaxBlockThreads * kFiberStackBytes);
   }
 
   // Runs one block; returns false with error() set when the block failed.
@@ -171,6 +177,7 @@ class Worker {
   }
 
  private:
+
   static std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
 
   bool fail(const std::string& message) {
@@ -179,13 +186,21 @@ class Worker {
   }
 
   bool prepare(const LaunchSpec& spec) {
+    if (spec.block > kMaxBlockThreads) return fail("emulation: blocks of more than 1024 threads");
+    if (stacks_ == nullptr) {
+      // Every fiber's stack in one mapping (pages taken as they are touched), a no-access page
+      // below the lowest: a stack overflows into the canary of its own foot, then into the stack
+      // below it or that page.
+      void* at = mmap(nullptr, page_bytes() + kMaxBlockThreads * kFiberStackBytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (at == MAP_FAILED) return fail("emulation: cannot map the fibers' stacks");
+      mprotect(at, page_bytes(), PROT_NONE);
+      stacks_ = static_cast<unsigned char*>(at) + page_bytes();
+    }
     while (fibers_.size() < spec.block) {
       auto f = std::make_unique<Fiber>();
-      // A no-access page below each stack turns an overflow into a crash, not silent corruption.
-      f->mapping = mmap(nullptr, page_bytes() + kFiberStackBytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (f->mapping == MAP_FAILED) return fail("emulation: cannot map a fiber stack");
-      mprotect(f->mapping, page_bytes(), PROT_NONE);
+      f->stack = stacks_ + fibers_.size() * kFiberStackBytes;
+      std::memset(f->stack, kStackCanaryByte, kStackCanaryBytes);
       fibers_.push_back(std::move(f));
     }
     for (unsigned t = 0; t < spec.block; ++t) {
@@ -199,7 +214,7 @@ class Worker {
   bool boot(Fiber& f) {
     ucontext_t start;
     if (getcontext(&start) != 0) return fail("emulation: getcontext failed");
-    start.uc_stack.ss_sp = static_cast<char*>(f.mapping) + page_bytes();
+    start.uc_stack.ss_sp = f.stack;
     start.uc_stack.ss_size = kFiberStackBytes;
     start.uc_link = nullptr;
     makecontext(&start, &Worker::fiber_main, 0);
@@ -224,6 +239,7 @@ class Worker {
   std::string stuck_report() const;
 
   std::vector<std::unique_ptr<Fiber>> fibers_;
+  unsigned char* stacks_ = nullptr;  // the fibers' stacks, kFiberStackBytes each
   std::vector<float4> shared_;  // dynamic shared memory and a guard zone, 16-byte aligned
   jmp_buf scheduler_;
   Fiber* running_ = nullptr;
@@ -383,6 +399,13 @@ bool Worker::run_block(const LaunchSpec& spec, unsigned block) {
   if (!ok) {
     for (auto& f : fibers_) f->booted = false;  // abandoned mid-kernel: boot afresh next time
     return false;
+  }
+  for (unsigned t = 0; t < spec.block; ++t) {
+    const unsigned char* foot = fibers_[t]->stack;
+    if (std::any_of(foot, foot + kStackCanaryBytes, [](unsigned char b) { return b != kStackCanaryByte; })) {
+      return fail("block " + std::to_string(block) + ": thread " + std::to_string(t) + " overflowed its " +
+                  std::to_string(kFiberStackBytes) + "-byte stack");
+    }
   }
   if (std::any_of(shared_bytes + spec.shared_bytes, shared_bytes + mapped_bytes,
                   [](unsigned char b) { return b != kPoisonByte; })) {
