@@ -125,7 +125,7 @@ BlockPool& block_pool();
 class Worker {
  public:
   ~Worker() {
-    if (stacks_ != nullptr) munmap(stacks_ - page_bytes(), page_bytes() + kMaxBlockThreads * kFiberStackBytes);
+    if (stacks_ != nullptr) munmap(stacks_ - page_bytes(), stacks_mapping_bytes());
   }
 
   // Runs one block; returns false with error() set when the block failed.
@@ -177,8 +177,9 @@ class Worker {
   }
 
  private:
-
   static std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+  // The fibers' stacks (a block's largest number of them) and the no-access page below them.
+  static std::size_t stacks_mapping_bytes() { return page_bytes() + kMaxBlockThreads * kFiberStackBytes; }
 
   bool fail(const std::string& message) {
     error_ = message;
@@ -186,12 +187,11 @@ class Worker {
   }
 
   bool prepare(const LaunchSpec& spec) {
-    if (spec.block > kMaxBlockThreads) return fail("emulation: blocks of more than 1024 threads");
     if (stacks_ == nullptr) {
       // Every fiber's stack in one mapping (pages taken as they are touched), a no-access page
       // below the lowest: a stack overflows into the canary of its own foot, then into the stack
       // below it or that page.
-      void* at = mmap(nullptr, page_bytes() + kMaxBlockThreads * kFiberStackBytes, PROT_READ | PROT_WRITE,
+      void* at = mmap(nullptr, stacks_mapping_bytes(), PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (at == MAP_FAILED) return fail("emulation: cannot map the fibers' stacks");
       mprotect(at, page_bytes(), PROT_NONE);
