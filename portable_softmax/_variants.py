@@ -27,7 +27,8 @@ WARP_SIZES = (32, 64)
 WARP_TIER_THREADS = 128
 #: tier -> the most threads a block its kernels are compiled for (softmax.cuh: kBlockTierThreads,
 #: kStagedThreads, kCachedThreads; their launch bounds also cap registers for occupancy)
-LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_registers": 1024}
+LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_registers": 1024,
+                        "cached_registers": 256}
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 
@@ -123,6 +124,21 @@ def split_normalize_name(dtype: str, op: str, warp: int, vec: int) -> str:
 
 def split_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_split_cached_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
+
+
+#: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the built
+#: split_cached_registers kernels (planner.SPLIT_REGISTERS picks among them)
+SPLIT_REGISTERS_CONFIGS: dict[int, tuple[tuple[int, int], ...]] = {4: ((5, 5),), 2: ((3, 5),)}
+
+
+def split_cached_registers_name(dtype: str, op: str, warp: int, vec: int, held: int, blocks: int) -> str:
+    """The on-chip split with `held` slots a thread of each chunk in registers (the chunk's first
+    ones), at least `blocks` blocks a multiprocessor (BLOCK_REGISTERS_DTYPES)."""
+    return f"ps_split_cached_registers_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}_h{held}_b{blocks}"
+
+
+def split_registers_configs(dtype: str) -> tuple[tuple[int, int], ...]:
+    return SPLIT_REGISTERS_CONFIGS.get(DTYPES[dtype][2], ()) if dtype in BLOCK_REGISTERS_DTYPES else ()
 
 
 #: blocks of a thread block cluster that split a row (NVIDIA sm_90 and newer); clusters of 8
@@ -239,6 +255,8 @@ def entry_names(dtype: str, warp: int) -> list[str]:
                       split_cached_name(dtype, op, warp, vec)]
             if dtype in BLOCK_REGISTERS_DTYPES:
                 names.append(block_registers_name(dtype, op, warp, vec))
+            names += [split_cached_registers_name(dtype, op, warp, vec, held, blocks)
+                      for held, blocks in split_registers_configs(dtype)]
     return names + [staged_warp_name(dtype, op, warp) for op in OPS]
 
 
@@ -255,6 +273,8 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
                 lines.append(f"PS_BLOCK_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_SPLIT_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             lines.append(f"PS_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
+            for h, b in split_registers_configs(dtype):
+                lines.append(f"PS_CACHED_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec}, {h}, {b})")
     for op, enum in OPS.items():
         lines.append(f"PS_STAGED_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vector_widths(dtype)[1]})")
     return lines

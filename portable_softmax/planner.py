@@ -617,13 +617,29 @@ CACHED_CHUNKS_PER_SM_BY_ITEMSIZE = {2: 5}
 #: 81; 16-bit rows at 384 threads -1.5 to +1, at 512 threads (float32 spilling under the bound
 #: that allows four such blocks) float32 softmax 5-6 slower.
 CACHED_THREADS_BY_ITEMSIZE = {4: 384}
+#: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the on-chip
+#: split whose chunks are held partly in registers (split_cached_registers), where copies are
+#: asynchronous; dtypes not listed keep the whole chunk in shared memory. Only (held, blocks) pairs
+#: of V.SPLIT_REGISTERS_CONFIGS are built. Measured on an H200 (same process, % of the copy,
+#: 2026-11-24) against whole chunks in shared memory (float32: 4 blocks of 384 threads, 16-bit: 5
+#: of 256): float32 (4, 5) 84-88 -> 88-91, (5, 5) 84-88 -> 88-92 (64x1048576 81-83 -> 87-88), (6, 4)
+#: 84-88 -> 86-90, (8, 3) 78-86 (spills); 16-bit (3, 5) and (2, 5) +1 to +4 (bfloat16 512x262144
+#: 80-84 -> 82-86), (4, 4) level, (8, 3) 3-4 slower. On an H100 (5, 5) and (3, 5) level to +4
+#: (float32 64x1048576 91 -> 94-95). Fewer rows than multiprocessors keep whole chunks in shared
+#: memory: their chunks are cut small to spread the rows (the registers would not make them fewer),
+#: and such rows measured level to 5 points slower held (float16 8x262144 55 -> 50-51, H100).
+SPLIT_REGISTERS: dict[int, tuple[int, int]] = {4: (5, 5), 2: (3, 5)}
+SPLIT_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["cached_registers"]  # the kernels' launch bound
 
 
-def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int) -> int:
+def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int,
+                      most_per_multiprocessor: int | None = None) -> int:
     """Blocks of an on-chip split whose `chunks` blocks of a job wait on each other: whole jobs, at
-    most as many blocks as stay resident at once (threads and shared memory permitting), at least one job."""
+    most as many blocks as stay resident at once (threads, shared memory and, where the kernel's
+    registers allow only so many, most_per_multiprocessor permitting), at least one job."""
     per_multiprocessor = min(device.max_threads_per_multiprocessor // threads,
-                             device.shared_mem_per_multiprocessor // shared_per_block)
+                             device.shared_mem_per_multiprocessor // shared_per_block,
+                             most_per_multiprocessor or device.max_threads_per_multiprocessor)
     resident = device.multiprocessors * max(1, per_multiprocessor)
     return max(chunks, min(jobs * chunks, resident) // chunks * chunks)
 
@@ -752,15 +768,29 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
-    wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, CACHED_THREADS)
-    threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, wanted)
+    held_config = SPLIT_REGISTERS.get(itemsize) if p.dtype in V.BLOCK_REGISTERS_DTYPES else None
+    if (held_config is not None and has_async_copy(device) and not few_rows
+            and device.max_threads_per_block >= SPLIT_REGISTERS_THREADS):
+        held_slots, per_multiprocessor = held_config
+        threads = SPLIT_REGISTERS_THREADS
+        budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
+        held = held_slots * threads
+        chunk_cap = held + (budget - static_bytes) // (vec * itemsize)
+        kernel = V.split_cached_registers_name(p.dtype, p.op, warp, vec, held_slots, per_multiprocessor)
+    else:
+        wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, CACHED_THREADS)
+        threads, chunk_cap = _on_chip_chunk(device, static_bytes, vec, itemsize, wanted)
+        held, per_multiprocessor = 0, None
+        kernel = V.split_cached_name(p.dtype, p.op, warp, vec)
     chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
         chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(vec, itemsize))
-        shared = chunk_slots * vec * itemsize
-        grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks)
-        launch = Launch(V.split_cached_name(p.dtype, p.op, warp, vec), grid, threads, shared,
+        shared = max(0, chunk_slots - held) * vec * itemsize  # the chunk's first `held` slots: in registers
+        grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks, per_multiprocessor)
+        if held:
+            notes.update(held_slots=held)
+        launch = Launch(kernel, grid, threads, shared,
                         (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
                          (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
                         cooperative=True, min_grid=chunks)

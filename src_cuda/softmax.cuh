@@ -1412,7 +1412,59 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arriv
   return md_reduce_block<WARP>(md);
 }
 
-template <typename T, int OP, int WARP, int VEC>
+// HELD > 0 (split_cached_registers): a thread also holds HELD slots of its chunk in registers,
+// the chunk's first HELD * blockDim slots (slot begin + u * blockDim + thread), and the cache the
+// rest. So a multiprocessor holds more blocks' chunks at the same chunk size (its registers beside
+// its shared memory): the split's figure rises with the blocks a multiprocessor. The next row's
+// held slots are loaded as this row's are stored, as store_and_prefetch refills the cache.
+// Measured on an H200 (same process, % of the copy; planner.SPLIT_REGISTERS): float32 rows of
+// 96000-1048576 columns 81-90 -> 88-93 at 5 held slots and 5 blocks of 256 threads, 16-bit rows
+// of 190000-262144 columns 79-93 -> 82-95 at 3 held slots and 5 blocks; more held slots under
+// fewer blocks, or slots spilled under the register cap, were slower (8 slots, 3 blocks: 72-86).
+const int kSplitRegistersThreads = 256;  // the launch bound (planner.SPLIT_REGISTERS_THREADS)
+
+// A thread's HELD slots of a chunk's first HELD * blockDim (local slot u * blockDim + thread).
+template <typename T, int VEC, int HELD> struct HeldChunkSlots {
+  typedef typename compute_of<T>::type C;
+  HeldSlot<T, VEC> slots[HELD > 0 ? HELD : 1];
+  PS_DEVICE static int local(int u) { return u * static_cast<int>(PS_BLOCK_DIM_X) + static_cast<int>(PS_THREAD_X); }
+  // Past the part (or the row): -inf, which adds nothing to (m, d).
+  PS_DEVICE void load(const CachedChunk<T, VEC>& part) {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      const int j = local(u);
+      if (part.full(j)) {
+        slots[u].load_whole(part.x0 + j * VEC);
+      } else {
+        slots[u].set(part.load_partial_raw(j));
+      }
+    }
+  }
+  template <typename Sum> PS_DEVICE void add_to(Sum& acc) const {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      C v[VEC];
+      slots[u].widen_into(v);
+      acc.template push_all<VEC>(v);
+    }
+  }
+  template <int OP> PS_DEVICE void store(const CachedChunk<T, VEC>& part, const RowFinish<OP, T>& f) const {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      const int j = local(u);
+      C v[VEC];
+      slots[u].widen_into(v);
+      finish_slot<OP, T, VEC>(f, v);
+      if (part.full(j)) {
+        part.store_whole(j, v);
+      } else if (j < part.n) {
+        part.store_partial(j, v);
+      }
+    }
+  }
+};
+
+template <typename T, int OP, int WARP, int VEC, int HELD = 0>
 PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
                             i64 rows, i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks,
                             int safe, Vec<T, VEC>* cache) {
@@ -1420,17 +1472,35 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
   const i64 begin = chunk * chunk_slots;
-  bool issued = false;  // this row's copies were issued by the previous row's stores
+  // slots [begin, cached) of the chunk in registers (HELD > 0), [cached, end) in the cache
+  typedef typename compute_of<T>::type C;
+  const i64 held = (i64)HELD * PS_BLOCK_DIM_X;
+  const i64 cached = HELD == 0 ? begin : begin + (held < chunk_slots ? held : chunk_slots);
+  auto clip = [](i64 v, i64 end) { return v < end ? v : end; };
+  HeldChunkSlots<T, VEC, HELD> in_registers;
+  bool issued = false;       // this row's copies were issued by the previous row's stores
+  bool held_loaded = false;  // and its held slots loaded
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
     const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    const auto part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache, issued));
-    const auto md = row_total_across_blocks<WARP>(part, partials, arrivals, row, chunk, chunks);
+    const i64 end = clip(begin + chunk_slots, rs.slots);
+    if (HELD > 0 && !held_loaded) in_registers.load(CachedChunk<T, VEC>(rs, begin, clip(cached, end)));
+    MD<C> part;
+    if constexpr (HELD > 0) {
+      part = cache_chunk(rs, cached, end, cache, issued, [&](OnlineSum<C>& acc) { in_registers.add_to(acc); });
+    } else {
+      part = cache_chunk(rs, begin, end, cache, issued);
+    }
+    const auto md = row_total_across_blocks<WARP>(md_reduce_block<WARP>(part), partials, arrivals, row, chunk, chunks);
+    const RowFinish<OP, T> f(md, safe != 0);
     const i64 next_row = row + rows_per_round < rows ? row + rows_per_round : row;  // row: no next row
     const RowSlots<T, VEC> next(x + next_row * x_stride, y + next_row * y_stride, cols);
-    const i64 next_slots = next.slots < begin + chunk_slots ? next.slots : begin + chunk_slots;
-    const i64 next_end = next_row == row ? begin : next_slots;
-    issued = store_and_prefetch(rs, begin, end, cache, RowFinish<OP, T>(md, safe != 0), next, next_end);
+    const i64 next_slots = clip(begin + chunk_slots, next.slots);
+    if constexpr (HELD > 0) {
+      in_registers.template store<OP>(CachedChunk<T, VEC>(rs, begin, clip(cached, end)), f);
+      held_loaded = next_row != row;
+      if (held_loaded) in_registers.load(CachedChunk<T, VEC>(next, begin, clip(cached, next_slots)));
+    }
+    issued = store_and_prefetch(rs, cached, end, cache, f, next, next_row == row ? cached : next_slots);
   }
 }
 
@@ -1945,6 +2015,19 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
                                   reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                        \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_cached_##DT##_##OPN##_w##W##_v##V)
+
+// The on-chip split with H slots of each chunk a thread in registers (split_cached's HELD), at
+// least B blocks a multiprocessor.
+#define PS_CACHED_REGISTERS_ENTRY(DT, T, OPN, OP, W, V, H, B)                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kSplitRegistersThreads, B)                                 \
+  ps_split_cached_registers_##DT##_##OPN##_w##W##_v##V##_h##H##_b##B(                                \
+      const T* x, T* y, compute_of<T>::type* partials, unsigned* arrivals, ps::i64 rows, ps::i64 cols,\
+      ps::i64 xs, ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                       \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
+    ps::split_cached<T, OP, W, V, H>(x, y, partials, arrivals, rows, cols, xs, ys, chunk_slots, chunks, safe, \
+                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                    \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_cached_registers_##DT##_##OPN##_w##W##_v##V##_h##H##_b##B)
 
 #define PS_STAGED_ENTRY(DT, T, OPN, OP, V)                                                           \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \

@@ -558,6 +558,66 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
                                  f"warp {warp} {dtype} {op} safe={safe} (7, {cols}) offset {offset} block_registers")
 
 
+@pytest.mark.parametrize("copies", ["sync", "async"])
+@pytest.mark.parametrize("dtype", V.BLOCK_REGISTERS_DTYPES)
+def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, monkeypatch, rng, dtype, copies):
+    """The on-chip split whose chunks begin with `held` slots a thread in registers
+    (split_cached_registers), every built (held, blocks) pair, at both warp sizes, with and without
+    asynchronous copies, rows starting on a vector and one element into it (the first held slot
+    partial), enough rows for three rounds of the grid and part of a fourth, so that the next row's
+    held slots and cache are loaded while a row is stored. Last, with chunk boundaries on
+    multiples of 1024 slots (CHUNK_ALIGN_BYTES raised), rows whose last chunk ends inside the held
+    slots: the row's partial tail slot in registers, and no cache part."""
+    monkeypatch.setattr(planner, "ROW_REGISTERS", False)
+    monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", False)
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    itemsize = V.DTYPES[dtype][2]
+    vec = 16 // itemsize
+    configs = V.split_registers_configs(dtype)
+    assert configs, dtype
+
+    def check(runtime, cols: int, what: str) -> None:
+        device = runtime.profile(0)
+        the_plan = plan(RowProblem(dtype, "softmax", 64, cols), device)
+        rows = 3 * (the_plan.launches[0].grid // the_plan.notes["chunks"]) + 2
+        x = _inputs(rng, (rows, cols), dtype)
+        for offset in (0, 1):
+            for op, safe in OP_CASES:
+                problem = RowProblem(dtype, op, rows, cols, safe=safe, x_misalign=offset, y_misalign=offset)
+                the_plan = plan(problem, device)
+                assert the_plan.tier == "cached" and "held_slots" in the_plan.notes, the_plan
+                got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
+                assert_close(got, x, 1, op, safe, f"warp {runtime.profile(0).warp_size} {dtype} {op} safe={safe} "
+                             f"{x.shape} offset {offset} {what} {the_plan.notes}")
+
+    for held, blocks in configs:
+        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {itemsize: (held, blocks)})
+        monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 256)
+        plan.cache_clear()
+        held_slots = held * planner.SPLIT_REGISTERS_THREADS
+        for warp in V.WARP_SIZES:
+            runtime = EmulatedRuntime(library, warp)
+            probe = plan(RowProblem(dtype, "softmax", 64, 4 * held_slots * vec), runtime.profile(0))
+            assert probe.launches[0].kernel.endswith(f"_h{held}_b{blocks}"), probe
+            assert probe.notes["chunk_slots"] > held_slots, probe.notes  # a cache part beside the held slots
+            for cols in (2 * probe.notes["chunk_slots"] * vec + 3, 4 * held_slots * vec):
+                check(runtime, cols, f"held {held} blocks {blocks}")
+        monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 1024 * 16)
+        plan.cache_clear()
+        for warp in V.WARP_SIZES:
+            runtime = EmulatedRuntime(library, warp)
+            for cols in range(held_slots * vec + 5, 8 * held_slots * vec, 37 * vec):
+                notes = plan(RowProblem(dtype, "softmax", 64, cols), runtime.profile(0)).notes
+                if "held_slots" not in notes:  # not the on-chip split
+                    continue
+                last_chunk = -(-cols // vec) - (notes["chunks"] - 1) * notes["chunk_slots"]
+                if notes["chunks"] > 1 and last_chunk < held_slots:
+                    break
+            else:
+                pytest.fail(f"no row whose last chunk ends inside the {held_slots} held slots")
+            check(runtime, cols, f"held {held} blocks {blocks}, last chunk {last_chunk} slots")
+
+
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
 #: and rows of 514-576 bytes; odd lengths beside them, and short 16-bit rows (9-31 columns; 16 and

@@ -237,15 +237,18 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype, cols, tier", [("float32", 50257, "cached"), ("bfloat16", 120011, "cached"),
+                                               ("float32", 50257, "cached_registers"),
+                                               ("bfloat16", 120011, "cached_registers"),
                                                ("float32", 50257, "cluster"), ("float32", 50257, "block"),
                                                ("float32", 65537, "block_registers"),
                                                ("bfloat16", 131071, "block_registers")])
 def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatch, dtype, cols, tier):
     """Rows too long for half a multiprocessor's shared memory, contiguous and as views whose rows
     start at varying misalignments (partial head and tail slots), with NaN, +inf and -inf rows:
-    blocks that merge through global memory, each taking several rows in turn (cached), a cluster
-    of blocks per row (cluster, sm_90+), and a block alone on its multiprocessor per row (block,
-    where copies are asynchronous; block_registers, with the row's first slots in registers)."""
+    blocks that merge through global memory, each taking several rows in turn (cached; where copies
+    are asynchronous also cached_registers, each chunk's first slots in registers), a cluster of
+    blocks per row (cluster, sm_90+), and a block alone on its multiprocessor per row (block, where
+    copies are asynchronous; block_registers, with the row's first slots in registers)."""
     from portable_softmax import api, planner
 
     torch = _torch_cuda()
@@ -254,13 +257,19 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
         pytest.skip(f"{rt.profile(0).arch} has no thread block clusters")
     if tier in ("block", "block_registers") and not planner.has_async_copy(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: such rows are split")
+    if tier == "cached_registers" and not planner.has_async_copy(rt.profile(0)):
+        pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: the split holds no slots in registers")
+    held = tier == "cached_registers"
+    tier = "cached" if held else tier
+    if not held:
+        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {})
     monkeypatch.setattr(planner, "CLUSTER_SPLIT", tier == "cluster")
     monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", tier == "block")
     monkeypatch.setattr(planner, "ROW_REGISTERS", tier == "block_registers")
     monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2, 4))  # float32 clusters too, which none plans
     planner.plan.cache_clear()
     api._prepared.clear()
-    rows = 400
+    rows = 600 if held else 400  # three rounds of the grid: the held chunks are larger, so more blocks a round
     host = random_input(rng, (rows, cols + 4), "float32")
     host[0, cols // 2] = np.nan  # the row is NaN
     host[1, cols // 3] = np.inf  # NaN, like torch
@@ -278,6 +287,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             step = the_plan.launches[0]
             assert the_plan.tier == tier, (name, the_plan)
             if tier == "cached":
+                assert ("held_slots" in the_plan.notes) == held, (name, the_plan)
                 grid = rt.resident_grid(rt.function(0, src.dtype, step.kernel, step.shared_mem), step, 0)
                 rows_per_block = v.shape[0] / (grid // the_plan.notes["chunks"])
                 assert rows_per_block >= 3, (name, the_plan, grid)

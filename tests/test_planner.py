@@ -42,7 +42,7 @@ def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
     names = _compiled_names(dtype, device.warp_size, has_clusters(device))
-    tiers = set()
+    tiers, held_tiers = set(), set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
         if rows * cols > 1 << 40:
             continue
@@ -91,6 +91,17 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
             assert launch.cooperative and launch.min_grid == p.notes["chunks"] <= device.multiprocessors
             assert launch.grid % p.notes["chunks"] == 0 and launch.grid >= launch.min_grid
             assert dict(p.scratch)["arrivals"] == 4 * rows
+            if "held_slots" in p.notes:  # each chunk's first slots in registers, the rest in shared memory
+                itemsize, vec = V.DTYPES[dtype][2], p.notes["vec"]
+                held_slots, blocks = planner.SPLIT_REGISTERS[itemsize]
+                assert has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES
+                assert launch.kernel == V.split_cached_registers_name(dtype, op, device.warp_size, vec, held_slots,
+                                                                      blocks)
+                assert launch.block == planner.SPLIT_REGISTERS_THREADS <= V.LAUNCH_BOUND_THREADS["cached_registers"]
+                assert p.notes["held_slots"] == held_slots * launch.block
+                assert launch.shared_mem == max(0, p.notes["chunk_slots"] - p.notes["held_slots"]) * vec * itemsize
+                assert launch.grid <= blocks * device.multiprocessors, "more blocks than the registers keep resident"
+                held_tiers.add("cached_registers")
         if p.scratch:  # one allocation: every buffer aligned, inside it, none overlapping
             total, offsets = p.scratch_layout()
             spans = sorted((offsets[name], offsets[name] + nbytes) for name, nbytes in p.scratch)
@@ -105,6 +116,9 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
         expected.add("block_registers")
     clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
     assert tiers == expected | ({"cluster"} if clusters else set())
+    held = (has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES
+            and V.DTYPES[dtype][2] in planner.SPLIT_REGISTERS)
+    assert held_tiers == ({"cached_registers"} if held else set())
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
