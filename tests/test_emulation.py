@@ -564,8 +564,9 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
     """The on-chip split whose chunks begin with `held` slots a thread in registers
     (split_cached_registers), every built (held, blocks) pair, at both warp sizes, with and without
     asynchronous copies, rows starting on a vector and one element into it (the first held slot
-    partial), enough rows for three rounds of the grid and part of a fourth, so that the next row's
-    held slots and cache are loaded while a row is stored. Last, with chunk boundaries on
+    partial), and input and output a different element off a vector (scalar slots), enough rows
+    for three rounds of the grid and part of a fourth, so that the next row's held slots and cache
+    are loaded while a row is stored. Last, with chunk boundaries on
     multiples of 1024 slots (CHUNK_ALIGN_BYTES raised), rows whose last chunk ends inside the held
     slots: the row's partial tail slot in registers, and no cache part."""
     monkeypatch.setattr(planner, "ROW_REGISTERS", False)
@@ -576,19 +577,22 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
     configs = V.split_registers_configs(dtype)
     assert configs, dtype
 
-    def check(runtime, cols: int, what: str) -> None:
+    def check(runtime, cols: int, what: str, offsets=((0, 0), (1, 1))) -> None:
+        """(x_offset, y_offset) pairs that differ take scalar slots (vec 1)."""
         device = runtime.profile(0)
-        the_plan = plan(RowProblem(dtype, "softmax", 64, cols), device)
+        x_offset, y_offset = offsets[0]
+        the_plan = plan(RowProblem(dtype, "softmax", 64, cols, x_misalign=x_offset, y_misalign=y_offset), device)
         rows = 3 * (the_plan.launches[0].grid // the_plan.notes["chunks"]) + 2
         x = _inputs(rng, (rows, cols), dtype)
-        for offset in (0, 1):
+        for x_offset, y_offset in offsets:
             for op, safe in OP_CASES:
-                problem = RowProblem(dtype, op, rows, cols, safe=safe, x_misalign=offset, y_misalign=offset)
+                problem = RowProblem(dtype, op, rows, cols, safe=safe, x_misalign=x_offset, y_misalign=y_offset)
                 the_plan = plan(problem, device)
                 assert the_plan.tier == "cached" and "held_slots" in the_plan.notes, the_plan
-                got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
+                assert (the_plan.notes["vec"] == 1) == (x_offset != y_offset), the_plan.notes
+                got = runtime.run_plan(x, the_plan, x_offset=x_offset, y_offset=y_offset)
                 assert_close(got, x, 1, op, safe, f"warp {runtime.profile(0).warp_size} {dtype} {op} safe={safe} "
-                             f"{x.shape} offset {offset} {what} {the_plan.notes}")
+                             f"{x.shape} offsets {x_offset}, {y_offset} {what} {the_plan.notes}")
 
     for held, blocks in configs:
         monkeypatch.setattr(planner, "SPLIT_REGISTERS", {itemsize: (held, blocks)})
@@ -602,6 +606,14 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
             assert probe.notes["chunk_slots"] > held_slots, probe.notes  # a cache part beside the held slots
             for cols in (2 * probe.notes["chunk_slots"] * vec + 3, 4 * held_slots * vec):
                 check(runtime, cols, f"held {held} blocks {blocks}")
+            device = runtime.profile(0)
+            shortest = 4 * held_slots  # scalar slots: the shortest rows the held split takes, and longer
+            while "held_slots" not in plan(RowProblem(dtype, "softmax", 64, shortest, x_misalign=1), device).notes:
+                shortest = shortest * 5 // 4 + 1
+            chunk_slots = plan(RowProblem(dtype, "softmax", 64, shortest, x_misalign=1), device).notes["chunk_slots"]
+            longer = shortest + chunk_slots // 2  # its last chunk ends in a different place
+            for cols in (shortest, longer):
+                check(runtime, cols, f"held {held} blocks {blocks}", ((1, 0), (0, 1)))
         monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 1024 * 16)
         plan.cache_clear()
         for warp in V.WARP_SIZES:
