@@ -619,8 +619,8 @@ CACHED_CHUNKS_PER_SM_BY_ITEMSIZE = {2: 5}
 CACHED_THREADS_BY_ITEMSIZE = {4: 384}
 #: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the on-chip
 #: split whose chunks are held partly in registers (split_cached_registers), where copies are
-#: asynchronous; dtypes not listed keep the whole chunk in shared memory. Only (held, blocks) pairs
-#: of V.SPLIT_REGISTERS_CONFIGS are built. Measured on an H200 (same process, % of the copy,
+#: asynchronous; dtypes not listed keep the whole chunk in shared memory. The pairs built
+#: (V.SPLIT_REGISTERS_CONFIGS), the first of each size taken. Measured on an H200 (same process, % of the copy,
 #: 2026-11-24) against whole chunks in shared memory (float32: 4 blocks of 384 threads, 16-bit: 5
 #: of 256): float32 (4, 5) 84-88 -> 88-91, (5, 5) 84-88 -> 88-92 (64x1048576 81-83 -> 87-88), (6, 4)
 #: 84-88 -> 86-90, (8, 3) 78-86 (spills); 16-bit (3, 5) and (2, 5) +1 to +4 (bfloat16 512x262144
@@ -628,7 +628,7 @@ CACHED_THREADS_BY_ITEMSIZE = {4: 384}
 #: (float32 64x1048576 91 -> 94-95). Fewer rows than multiprocessors keep whole chunks in shared
 #: memory: their chunks are cut small to spread the rows (the registers would not make them fewer),
 #: and such rows measured level to 5 points slower held (float16 8x262144 55 -> 50-51, H100).
-SPLIT_REGISTERS: dict[int, tuple[int, int]] = {4: (5, 5), 2: (3, 5)}
+SPLIT_REGISTERS: dict[int, tuple[int, int]] = {size: pairs[0] for size, pairs in V.SPLIT_REGISTERS_CONFIGS.items()}
 SPLIT_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["cached_registers"]  # the kernels' launch bound
 
 

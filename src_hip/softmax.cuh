@@ -1211,6 +1211,47 @@ template <typename T, int VEC> struct HeldSlot<T, VEC, true> {
   }
 };
 
+// A thread's HELD slots of a chunk's first HELD * blockDim (local slot u * blockDim + thread).
+template <typename T, int VEC, int HELD> struct HeldChunkSlots {
+  typedef typename compute_of<T>::type C;
+  HeldSlot<T, VEC> slots[HELD > 0 ? HELD : 1];
+  PS_DEVICE static int local(int u) { return u * static_cast<int>(PS_BLOCK_DIM_X) + static_cast<int>(PS_THREAD_X); }
+  // Past the part (or the row): -inf, which adds nothing to (m, d).
+  PS_DEVICE void load(const CachedChunk<T, VEC>& part) {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      const int j = local(u);
+      if (part.full(j)) {
+        slots[u].load_whole(part.x0 + j * VEC);
+      } else {
+        slots[u].set(part.load_partial_raw(j));
+      }
+    }
+  }
+  template <typename Sum> PS_DEVICE void add_to(Sum& acc) const {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      C v[VEC];
+      slots[u].widen_into(v);
+      acc.template push_all<VEC>(v);
+    }
+  }
+  template <int OP> PS_DEVICE void store(const CachedChunk<T, VEC>& part, const RowFinish<OP, T>& f) const {
+#pragma unroll
+    for (int u = 0; u < HELD; ++u) {
+      const int j = local(u);
+      C v[VEC];
+      slots[u].widen_into(v);
+      finish_slot<OP, T, VEC>(f, v);
+      if (part.full(j)) {
+        part.store_whole(j, v);
+      } else if (j < part.n) {
+        part.store_partial(j, v);
+      }
+    }
+  }
+};
+
 // ---- tier 3, rows past a block's shared memory: their first slots in registers ----------
 // A block a row, alone on its multiprocessor, as block_rows, for rows that its shared memory
 // alone cannot hold: a thread holds kRowRegisterSlots slots of the row's first
@@ -1241,29 +1282,23 @@ PS_DEVICE void block_rows_registers(const T* x, T* y, i64 rows, i64 cols, i64 x_
     Vec<T, VEC> empty;  // past the held slots: -inf, which adds nothing to (m, d)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) empty.v[e] = from_compute<T>(ps_neg_inf<C>());
-    HeldSlot<T, VEC> held_slots[kRowRegisterSlots];
-    held_slots[0].set(in_registers.load_raw(slot(0)));
+    // Loaded and stored here, not by HeldChunkSlots' load and store: only slot 0 can be partial.
+    HeldChunkSlots<T, VEC, kRowRegisterSlots> held_slots;
+    held_slots.slots[0].set(in_registers.load_raw(slot(0)));
 #pragma unroll
     for (int u = 1; u < kRowRegisterSlots; ++u) {
       const int j = slot(u);  // whole, or past the held slots
-      held_slots[u].set(empty);
-      if (j < in_registers.n) held_slots[u].load_whole(in_registers.x0 + j * VEC);
+      held_slots.slots[u].set(empty);
+      if (j < in_registers.n) held_slots.slots[u].load_whole(in_registers.x0 + j * VEC);
     }
-    auto add_registers = [&](OnlineSum<C>& acc) {  // slots past the held ones add nothing
-#pragma unroll
-      for (int u = 0; u < kRowRegisterSlots; ++u) {
-        C v[VEC];
-        held_slots[u].widen_into(v);
-        acc.template push_all<VEC>(v);
-      }
-    };
+    auto add_registers = [&](OnlineSum<C>& acc) { held_slots.add_to(acc); };  // past the held ones: -inf
     const MD<C> part = cache_chunk<T, VEC, kBlockCopyGroups<T>>(rs, held, rs.slots, cache, false, add_registers);
     const RowFinish<OP, T> f(md_reduce_block<WARP>(part), safe != 0);
 #pragma unroll
     for (int u = 0; u < kRowRegisterSlots; ++u) {
       const int j = slot(u);
       C v[VEC];
-      held_slots[u].widen_into(v);
+      held_slots.slots[u].widen_into(v);
       finish_slot<OP, T, VEC>(f, v);
       if (u == 0 && !in_registers.full(j)) {
         if (j < in_registers.n) in_registers.store_partial(j, v);
@@ -1423,47 +1458,6 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arriv
 // of 190000-262144 columns 79-93 -> 82-95 at 3 held slots and 5 blocks; more held slots under
 // fewer blocks, or slots spilled under the register cap, were slower (8 slots, 3 blocks: 72-86).
 const int kSplitRegistersThreads = 256;  // the launch bound (planner.SPLIT_REGISTERS_THREADS)
-
-// A thread's HELD slots of a chunk's first HELD * blockDim (local slot u * blockDim + thread).
-template <typename T, int VEC, int HELD> struct HeldChunkSlots {
-  typedef typename compute_of<T>::type C;
-  HeldSlot<T, VEC> slots[HELD > 0 ? HELD : 1];
-  PS_DEVICE static int local(int u) { return u * static_cast<int>(PS_BLOCK_DIM_X) + static_cast<int>(PS_THREAD_X); }
-  // Past the part (or the row): -inf, which adds nothing to (m, d).
-  PS_DEVICE void load(const CachedChunk<T, VEC>& part) {
-#pragma unroll
-    for (int u = 0; u < HELD; ++u) {
-      const int j = local(u);
-      if (part.full(j)) {
-        slots[u].load_whole(part.x0 + j * VEC);
-      } else {
-        slots[u].set(part.load_partial_raw(j));
-      }
-    }
-  }
-  template <typename Sum> PS_DEVICE void add_to(Sum& acc) const {
-#pragma unroll
-    for (int u = 0; u < HELD; ++u) {
-      C v[VEC];
-      slots[u].widen_into(v);
-      acc.template push_all<VEC>(v);
-    }
-  }
-  template <int OP> PS_DEVICE void store(const CachedChunk<T, VEC>& part, const RowFinish<OP, T>& f) const {
-#pragma unroll
-    for (int u = 0; u < HELD; ++u) {
-      const int j = local(u);
-      C v[VEC];
-      slots[u].widen_into(v);
-      finish_slot<OP, T, VEC>(f, v);
-      if (part.full(j)) {
-        part.store_whole(j, v);
-      } else if (j < part.n) {
-        part.store_partial(j, v);
-      }
-    }
-  }
-};
 
 template <typename T, int OP, int WARP, int VEC, int HELD = 0>
 PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
