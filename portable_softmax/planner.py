@@ -336,6 +336,47 @@ def _rows_fitting(p: RowProblem, device: DeviceProfile, vec: int, stride: int | 
     return (device.shared_mem_per_block - 2 * vec * itemsize) // ((stride or p.cols) * itemsize)
 
 
+#: small inputs: the staged tiers' tiles, and the packed and register tiers' blocks, shrink until
+#: the grid has this many blocks a multiprocessor where the rows allow (0: the usual sizes). A
+#: 1 MiB input made 16-70 blocks of the usual size, most multiprocessors idle, and a staged thread
+#: took its several rows one after the other. Measured on an H200 (same process, two runs, % of
+#: the copy, 1 MiB inputs, 2026-11-24): 16-bit rows of 5-13 columns 51-58 -> 81-88 (torch 72-78),
+#: float32 5 columns 67-72 -> 90-93 (torch 86-90), packed 16-bit rows of 1-32 columns +2 to +5;
+#: 8 blocks a multiprocessor level with 4.
+SMALL_INPUT_BLOCKS_PER_SM = 4.0
+#: inputs of fewer bytes than this, of rows of at least SMALL_INPUT_UNSTAGED_MIN_COLS columns,
+#: skip the staged tiers (a thread or a group of lanes a row, its values one after the other) for
+#: the register tier's lanes a row, whose values are reduced in parallel: a small input's call is
+#: about one round of latency. Measured on an H200 (same process, two runs, % of the copy, against
+#: the staged tiers spread as above): at 1-4 MiB float32 rows of 32-127 columns 50-99 -> 74-122
+#: (4096x64 50 -> 79-82, torch 90-93; 16384x64 56 -> 85-86, torch 90-91), 16-bit rows of 64-3000
+#: columns 51-96 -> 71-104 (8192x64 61-65 -> 79-84, torch 86-93); but 16-bit 513 columns 95-98 ->
+#: 95 at 4 MiB. At 16 MiB mixed: float32 64 columns 70 -> 90-91, 16-bit 1000-3000 columns +3-8,
+#: but 16-bit 200 and 513 columns 91-93 -> 71-85. So inputs under 8 MiB.
+SMALL_INPUT_UNSTAGED_BYTES = 8 << 20
+SMALL_INPUT_UNSTAGED_MIN_COLS = 16
+
+
+def _spread_blocks(device: DeviceProfile) -> int:
+    """Blocks that a small input's grid should reach (SMALL_INPUT_BLOCKS_PER_SM), 0 for none."""
+    return ceil(SMALL_INPUT_BLOCKS_PER_SM * device.multiprocessors)
+
+
+def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int, tile_rows: int) -> tuple[int, int]:
+    """(threads, tile_rows) of a staged tier, fewer where the grid would fall short of
+    SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor: first fewer rows a thread (or group) a step,
+    then, a thread a row, fewer threads. Groups keep their block (the planner's bank counts assume it)."""
+    wanted = _spread_blocks(device)
+    if not wanted or ceil(p.rows / tile_rows) >= wanted:
+        return threads, tile_rows
+    target, groups = ceil(p.rows / wanted), threads // lanes
+    if target >= groups:
+        return threads, min(tile_rows, ceil(target / groups) * groups)
+    if lanes == 1:
+        threads = max(device.warp_size, ceil(target / device.warp_size) * device.warp_size)
+    return threads, min(p.rows, threads // lanes)
+
+
 def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
                  vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False) -> Plan | None:
     """The launch of a staged tier taking tile_rows rows a step, `lanes` lanes a row (None where none
@@ -343,6 +384,7 @@ def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, t
     padded by a slot in the tile, or -1; the groups of 32 lanes on rows in order, or interleaved."""
     if tile_rows == 0:
         return None
+    threads, tile_rows = _spread_tile(p, device, threads, lanes, tile_rows)
     stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
     shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
     group_args = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
@@ -555,7 +597,13 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     blocks = ceil(groups / (PACKED_THREADS * depth * rounds))
     if per_thread > PACKED_TWO_TILES_ABOVE and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
         return None
-    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), PACKED_THREADS, stages * tile,
+    threads, wanted = PACKED_THREADS, _spread_blocks(device)
+    if wanted and blocks < wanted:  # fewer warps a block, so that a small input spreads wider
+        warp = device.warp_size
+        threads = min(threads, max(warp, ceil(groups / (depth * rounds * wanted) / warp) * warp))
+        tile = tile // PACKED_THREADS * threads
+        blocks = ceil(groups / (threads * depth * rounds))
+    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), threads, stages * tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p)), (I32, stages)),
                     cut_to_one_wave=False)
     return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth, "stages": stages})
@@ -700,7 +748,10 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
+    small = p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
     for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
+        if small and tier is not _plan_packed and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS:
+            continue
         the_plan = tier(p, device)
         if the_plan is not None:
             return the_plan
@@ -715,7 +766,13 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     variant = _warp_variant(p, device, vec, slots)
     if variant is not None:
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
-        rows_per_block = threads // variant.lanes * V.warp_batch(p.dtype, variant.slots, vec)
+        batch = V.warp_batch(p.dtype, variant.slots, vec)
+        wanted = _spread_blocks(device)
+        if wanted and ceil(p.rows / (threads // variant.lanes * batch)) < wanted:
+            # fewer warps a block, so that a small input's rows spread over more multiprocessors
+            groups = ceil(p.rows / (wanted * batch))
+            threads = min(threads, max(warp, ceil(groups * variant.lanes / warp) * warp))
+        rows_per_block = threads // variant.lanes * batch
         launch = Launch(variant.name, _work_grid(ceil(p.rows / rows_per_block), device), threads, 0,
                         row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
         return Plan("warp", (launch,), notes=notes)

@@ -29,6 +29,21 @@ ATOL, RTOL = 1e-6, 1e-5
 #: float16 / bfloat16: distance to the reference rounded to the dtype, in units in the last place
 ULP_BOUND = 2
 SIXTEEN_BIT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+#: the planner's small-input rules as committed (the fixture below turns them off)
+SMALL_INPUT_RULES = {name: getattr(planner, name)
+                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES")}
+
+
+@pytest.fixture(autouse=True)
+def large_input_rules(monkeypatch):
+    """The tests here run a few rows through the tiers that larger inputs take, so the planner's
+    small-input rules are off unless a test turns them on (the shared suite, test_softmax.py, runs
+    the emulation with them on)."""
+    monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
+    monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
+    plan.cache_clear()
+    yield
+    plan.cache_clear()
 
 
 def _library_or_skip(*args) -> EmulationLibrary:
@@ -628,6 +643,43 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
             else:
                 pytest.fail(f"no row whose last chunk ends inside the {held_slots} held slots")
             check(runtime, cols, f"held {held} blocks {blocks}, last chunk {last_chunk} slots")
+
+
+#: inputs that the small-input rules plan differently: short rows in smaller staged tiles or
+#: blocks of fewer threads, packed and register-tier blocks of fewer warps, and rows of 16 or more
+#: columns sent from the staged tiers to the register and block tiers
+SMALL_INPUTS = {"float32": ((500, 5), (1000, 13), (4000, 1), (999, 4), (64, 64), (37, 100), (120, 40), (5, 128)),
+                "float16": ((500, 7), (4000, 1), (999, 4), (200, 32), (64, 64), (37, 100), (40, 200)),
+                "bfloat16": ((300, 5), (1000, 13), (999, 4), (5, 128), (9, 600))}
+
+
+@pytest.mark.parametrize("copies", ["sync", "async"])
+@pytest.mark.parametrize("dtype", SMALL_INPUTS)
+def test_small_inputs_under_the_small_input_rules(request, monkeypatch, rng, dtype, copies):
+    """The plans of the small-input rules (planner.SMALL_INPUT_*) at warps 32 and 64, with and
+    without asynchronous copies: each input's plan differs from the one without the rules, and
+    every output matches the reference."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    monkeypatch.setattr(planner, "has_async_copy", lambda device: copies == "async")
+
+    def plan_with(rules: bool, problem: RowProblem, device):
+        for name, value in SMALL_INPUT_RULES.items():
+            monkeypatch.setattr(planner, name, value if rules else type(value)(0))
+        plan.cache_clear()
+        return plan(problem, device)
+
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp)
+        for shape in SMALL_INPUTS[dtype]:
+            x = _inputs(rng, shape, dtype)
+            for op, safe in OP_CASES:
+                problem = RowProblem(dtype, op, *shape, safe=safe)
+                device = runtime.profile(0)
+                before, after = plan_with(False, problem, device), plan_with(True, problem, device)
+                assert after != before, (warp, shape, before)
+                got = runtime.run_plan(x, after)
+                assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {shape} {after.tier} "
+                             f"({after.launches[0].grid}x{after.launches[0].block}, {after.notes})")
 
 
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even

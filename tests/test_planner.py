@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from math import ceil
 
 import pytest
 
@@ -28,9 +29,29 @@ from portable_softmax.planner import (
 )
 
 PROFILES = {"h100": DeviceProfile.h100(), "mi300x": DeviceProfile.mi300x(), "rdna3": DeviceProfile.rdna3()}
+#: the planner's small-input rules as committed (the fixture below turns them off)
+SMALL_INPUT_RULES = {name: getattr(planner, name)
+                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES")}
 COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047, 2048, 2049, 4096, 4097,
         8191, 50257, 65536, 100000, 128256, 262144, 1 << 20, 10**8)
 ROWS = (1, 7, 128, 100000, 1 << 22)
+
+
+@pytest.fixture(autouse=True)
+def large_input_rules(monkeypatch):
+    """Most tests here plan a few rows to check the tiers that larger inputs take, so the small-input
+    rules (planner.SMALL_INPUT_*) are off unless a test turns them on (use_small_input_rules)."""
+    monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
+    monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
+    plan.cache_clear()
+    yield
+    plan.cache_clear()
+
+
+def use_small_input_rules(monkeypatch) -> None:
+    for name, value in SMALL_INPUT_RULES.items():
+        monkeypatch.setattr(planner, name, value)
+    plan.cache_clear()
 
 
 def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
@@ -38,9 +59,12 @@ def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
     return names | set(V.cluster_names(dtype)) if clusters else names
 
 
+@pytest.mark.parametrize("small_input_rules", [False, True], ids=["large-input-rules", "small-input-rules"])
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", V.DTYPES)
-def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype):
+def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, device, dtype, small_input_rules):
+    if small_input_rules:
+        use_small_input_rules(monkeypatch)
     names = _compiled_names(dtype, device.warp_size, has_clusters(device))
     tiers, held_tiers = set(), set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
@@ -557,3 +581,55 @@ def test_block_tier_rows_fewer_than_multiprocessors_take_more_threads():
     assert (few.tier, many.tier) == ("block", "block")
     assert few.launches[0].block == 1024 // planner.BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD  # 1024 slots of 4 values
     assert many.launches[0].block == 1024 // planner.BLOCK_TIER_SLOTS_PER_THREAD
+
+
+SMALL_INPUT_COLS = (1, 4, 5, 7, 13, 16, 32, 64, 100, 200, 513, 1000, 3000, 8192)
+STAGED_TIERS = ("staged", "staged_group", "staged_warp")
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype):
+    """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES skip
+    the staged tiers; inputs whose grid would fall short of SMALL_INPUT_BLOCKS_PER_SM blocks a
+    multiprocessor take smaller tiles or blocks (never fewer blocks); the rest plan exactly as
+    without the rules."""
+    itemsize = V.DTYPES[dtype][2]
+    wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
+    limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
+    spread = 0
+    for cols, nbytes in itertools.product(SMALL_INPUT_COLS, (64 << 10, 1 << 20, limit - (1 << 20), limit, 64 << 20)):
+        rows = max(1, nbytes // (cols * itemsize))
+        problem = RowProblem(dtype, "softmax", rows, cols)
+        monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
+        monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
+        plan.cache_clear()
+        before = plan(problem, device)
+        use_small_input_rules(monkeypatch)
+        after = plan(problem, device)
+        what = (dtype, rows, cols, before.tier, after.tier)
+        unstaged = cols >= 16 and rows * cols * itemsize < limit
+        if unstaged:
+            assert after.tier not in STAGED_TIERS, what
+        elif before.launches[0].grid >= wanted:
+            assert after == before, what
+            continue
+        if after.tier != before.tier:
+            continue
+        (b,), (a,) = before.launches, after.launches
+        assert a.grid >= b.grid and a.block <= b.block, what
+        share = ceil(rows / wanted)  # rows a block of an even spread over the wanted blocks
+        if after.tier in ("warp", "packed"):
+            # a block a warp smaller would still take a share: the block is no larger than it needs
+            per_block = ceil(rows / a.grid)
+            assert a.block == device.warp_size or per_block * (a.block - device.warp_size) / a.block < share + 1, what
+        if after.tier in STAGED_TIERS:
+            # at most one step of the block's rows above an even share of the wanted blocks
+            owners = a.block // after.notes["lanes"]
+            assert after.notes["tile_rows"] < ceil(rows / wanted) + owners or a.block == device.warp_size, what
+        if (a.grid, a.block) != (b.grid, b.block):
+            spread += 1
+            smallest = a.block == device.warp_size or (  # a warp, or a step of a group a row
+                after.tier in STAGED_TIERS and after.notes["tile_rows"] == a.block // after.notes["lanes"])
+            assert a.grid >= min(wanted // 2, rows) or smallest, what
+    assert spread >= 4, "the rules changed too few plans to be tested"

@@ -17,7 +17,7 @@ import ast
 import torch
 
 import portable_softmax as ps
-from portable_softmax import planner
+from portable_softmax import api, planner
 from portable_softmax.bench import _Timer, device_copies, fastest_copy_ms
 
 
@@ -58,6 +58,7 @@ def use(settings: dict, defaults: dict) -> None:
     for key, value in {**defaults, **settings}.items():
         setattr(*owner_of(key), value)
     planner.plan.cache_clear()
+    api._prepared.clear()  # launches prepared under the other settings
 
 
 def main() -> None:
