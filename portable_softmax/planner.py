@@ -362,6 +362,11 @@ def _spread_blocks(device: DeviceProfile) -> int:
     return ceil(SMALL_INPUT_BLOCKS_PER_SM * device.multiprocessors)
 
 
+def _spread_threads(device: DeviceProfile, threads: int, needed: float) -> int:
+    """A block's threads cut to the whole warps that `needed` threads fill (at least one warp)."""
+    return min(threads, max(device.warp_size, ceil(needed / device.warp_size) * device.warp_size))
+
+
 def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int, tile_rows: int) -> tuple[int, int]:
     """(threads, tile_rows) of a staged tier, fewer where the grid would fall short of
     SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor: first fewer rows a thread (or group) a step,
@@ -373,7 +378,7 @@ def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int,
     if target >= groups:
         return threads, min(tile_rows, ceil(target / groups) * groups)
     if lanes == 1:
-        threads = max(device.warp_size, ceil(target / device.warp_size) * device.warp_size)
+        threads = _spread_threads(device, threads, target)
     return threads, min(p.rows, threads // lanes)
 
 
@@ -599,8 +604,7 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
         return None
     threads, wanted = PACKED_THREADS, _spread_blocks(device)
     if wanted and blocks < wanted:  # fewer warps a block, so that a small input spreads wider
-        warp = device.warp_size
-        threads = min(threads, max(warp, ceil(groups / (depth * rounds * wanted) / warp) * warp))
+        threads = _spread_threads(device, threads, groups / (depth * rounds * wanted))
         tile = tile // PACKED_THREADS * threads
         blocks = ceil(groups / (threads * depth * rounds))
     launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), threads, stages * tile,
@@ -770,8 +774,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         wanted = _spread_blocks(device)
         if wanted and ceil(p.rows / (threads // variant.lanes * batch)) < wanted:
             # fewer warps a block, so that a small input's rows spread over more multiprocessors
-            groups = ceil(p.rows / (wanted * batch))
-            threads = min(threads, max(warp, ceil(groups * variant.lanes / warp) * warp))
+            threads = _spread_threads(device, threads, ceil(p.rows / (wanted * batch)) * variant.lanes)
         rows_per_block = threads // variant.lanes * batch
         launch = Launch(variant.name, _work_grid(ceil(p.rows / rows_per_block), device), threads, 0,
                         row_args + ((I32, _safe(p)),), cut_to_one_wave=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_softmax import reference
+from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.planner import DeviceProfile, RowProblem, plan
 
@@ -15,6 +15,18 @@ ULP_BOUND = 1
 _MANTISSA = {"float16": (10, -14), "bfloat16": (7, -126)}
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 OPS = ("softmax", "log_softmax")
+
+
+#: the planner's small-input rules as committed (tests of the tiers larger inputs take turn them off)
+SMALL_INPUT_RULES = {name: getattr(planner, name)
+                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES")}
+
+
+def set_small_input_rules(monkeypatch, on: bool) -> None:
+    """The planner's small-input rules as committed (on) or off, its cached plans dropped."""
+    for name, value in SMALL_INPUT_RULES.items():
+        monkeypatch.setattr(planner, name, value if on else type(value)(0))
+    plan.cache_clear()
 
 
 def random_input(rng, shape, dtype: str, scale: float = 4.0) -> np.ndarray:

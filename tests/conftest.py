@@ -8,10 +8,11 @@ import secrets
 
 import numpy as np
 import pytest
+from checks import set_small_input_rules
 
 import portable_softmax as ps
 from portable_softmax import _probe, api
-from portable_softmax.planner import DeviceProfile
+from portable_softmax.planner import DeviceProfile, plan
 
 
 def _gpu_status(vendor: str) -> str | None:
@@ -75,3 +76,12 @@ def rng(request):
     seed = int(os.environ.get("PORTABLE_SOFTMAX_TEST_SEED") or secrets.randbits(32))
     print(f"seed={seed} ({request.node.nodeid})")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def large_input_rules(monkeypatch):
+    """The planner without its small-input rules, for tests that plan a few rows to check the tiers
+    that larger inputs take (a test may turn the rules on again: checks.set_small_input_rules)."""
+    set_small_input_rules(monkeypatch, False)
+    yield
+    plan.cache_clear()

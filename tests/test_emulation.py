@@ -14,6 +14,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
+from checks import set_small_input_rules
 from emulation import CompilerUnavailable, EmulatedRuntime, EmulationError, EmulationLibrary, load_library
 from emulation.build import SRC_CUDA
 
@@ -29,21 +30,9 @@ ATOL, RTOL = 1e-6, 1e-5
 #: float16 / bfloat16: distance to the reference rounded to the dtype, in units in the last place
 ULP_BOUND = 2
 SIXTEEN_BIT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-#: the planner's small-input rules as committed (the fixture below turns them off)
-SMALL_INPUT_RULES = {name: getattr(planner, name)
-                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES")}
-
-
-@pytest.fixture(autouse=True)
-def large_input_rules(monkeypatch):
-    """The tests here run a few rows through the tiers that larger inputs take, so the planner's
-    small-input rules are off unless a test turns them on (the shared suite, test_softmax.py, runs
-    the emulation with them on)."""
-    monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
-    monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
-    plan.cache_clear()
-    yield
-    plan.cache_clear()
+#: the tests here run a few rows through the tiers that larger inputs take (the shared suite,
+#: test_softmax.py, runs the emulation with the small-input rules on)
+pytestmark = pytest.mark.usefixtures("large_input_rules")
 
 
 def _library_or_skip(*args) -> EmulationLibrary:
@@ -663,9 +652,7 @@ def test_small_inputs_under_the_small_input_rules(request, monkeypatch, rng, dty
     monkeypatch.setattr(planner, "has_async_copy", lambda device: copies == "async")
 
     def plan_with(rules: bool, problem: RowProblem, device):
-        for name, value in SMALL_INPUT_RULES.items():
-            monkeypatch.setattr(planner, name, value if rules else type(value)(0))
-        plan.cache_clear()
+        set_small_input_rules(monkeypatch, rules)
         return plan(problem, device)
 
     for warp in V.WARP_SIZES:

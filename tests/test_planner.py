@@ -7,6 +7,7 @@ from dataclasses import replace
 from math import ceil
 
 import pytest
+from checks import SMALL_INPUT_RULES, set_small_input_rules
 
 from portable_softmax import _variants as V
 from portable_softmax import planner
@@ -29,29 +30,13 @@ from portable_softmax.planner import (
 )
 
 PROFILES = {"h100": DeviceProfile.h100(), "mi300x": DeviceProfile.mi300x(), "rdna3": DeviceProfile.rdna3()}
-#: the planner's small-input rules as committed (the fixture below turns them off)
-SMALL_INPUT_RULES = {name: getattr(planner, name)
-                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES")}
 COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047, 2048, 2049, 4096, 4097,
         8191, 50257, 65536, 100000, 128256, 262144, 1 << 20, 10**8)
 ROWS = (1, 7, 128, 100000, 1 << 22)
 
 
-@pytest.fixture(autouse=True)
-def large_input_rules(monkeypatch):
-    """Most tests here plan a few rows to check the tiers that larger inputs take, so the small-input
-    rules (planner.SMALL_INPUT_*) are off unless a test turns them on (use_small_input_rules)."""
-    monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
-    monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
-    plan.cache_clear()
-    yield
-    plan.cache_clear()
-
-
-def use_small_input_rules(monkeypatch) -> None:
-    for name, value in SMALL_INPUT_RULES.items():
-        monkeypatch.setattr(planner, name, value)
-    plan.cache_clear()
+#: most tests here plan a few rows to check the tiers that larger inputs take
+pytestmark = pytest.mark.usefixtures("large_input_rules")
 
 
 def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
@@ -64,7 +49,7 @@ def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, device, dtype, small_input_rules):
     if small_input_rules:
-        use_small_input_rules(monkeypatch)
+        set_small_input_rules(monkeypatch, True)
     names = _compiled_names(dtype, device.warp_size, has_clusters(device))
     tiers, held_tiers = set(), set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
@@ -601,11 +586,9 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     for cols, nbytes in itertools.product(SMALL_INPUT_COLS, (64 << 10, 1 << 20, limit - (1 << 20), limit, 64 << 20)):
         rows = max(1, nbytes // (cols * itemsize))
         problem = RowProblem(dtype, "softmax", rows, cols)
-        monkeypatch.setattr(planner, "SMALL_INPUT_BLOCKS_PER_SM", 0.0)
-        monkeypatch.setattr(planner, "SMALL_INPUT_UNSTAGED_BYTES", 0)
-        plan.cache_clear()
+        set_small_input_rules(monkeypatch, False)
         before = plan(problem, device)
-        use_small_input_rules(monkeypatch)
+        set_small_input_rules(monkeypatch, True)
         after = plan(problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
         unstaged = cols >= 16 and rows * cols * itemsize < limit
