@@ -455,8 +455,9 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
 #: where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group fits
 #: STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart, read no
 #: bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
-#: STAGED_SHORT_ROW_BYTES stay a thread a row (but for padded ones, below). Measured on an H200 (%
-#: of the copy, against a thread or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160
+#: STAGED_SHORT_ROW_BYTES stay a thread a row (but for padded ones and those of
+#: STAGED_GROUP_SHORT_MIN_ROW_BYTES, below). Measured on an H200 (% of the copy, against a thread
+#: or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160
 #: (8) 82-89 -> 90-92, 176-240 columns (4) 71-94 -> 95-98, 288 (8) 68 -> 98-99, 300 (4) 69 -> 99,
 #: 320 (16, 10 words a lane) 74 -> 89-93, 383 (16) 75 -> 83-85, 400-500 (8) 67-84 -> 92-99, 513-1001
 #: columns (8 or 16) 85-93 -> 96-99, 1500 (16) 94-96 -> 98. Rows of up to 256 bytes measured 91-100
@@ -488,8 +489,21 @@ STAGED_GROUP_ORDERS = (False, True)
 #: before): 16-bit 128 columns (4 lanes) 85-92 -> 92-94, 256 columns (4) 78-83 -> 95-96; where an
 #: unpadded group qualifies (16 lanes at 512 and 1024 columns) padded groups were 1-2 points
 #: slower, and float32 128 columns (the register tier's lanes each a whole vector) 99-100 -> 96-97.
-STAGED_GROUP_PADDED_ITEMSIZES = (2,)
+#: float32 rows of 64 columns (256 bytes) gain: H200 (same process, two runs, 2026-11-25) 85-88 ->
+#: 93-95 at 64 MiB, 90-93 -> 94-96 at 128-256 MiB. Bytes an element -> the longest row padded.
+STAGED_GROUP_PADDED_MAX_ROW_BYTES = {2: STAGED_GROUP_MAX_ROW_BYTES[2], 4: 256}
 STAGED_GROUP_PADDED_MIN_ROW_BYTES = 128
+#: rows of more than this many bytes (up to STAGED_SHORT_ROW_BYTES) that are an even number of
+#: 4-byte words take the groups too where one qualifies. A thread a row starts each of its rows at
+#: a different word (for_each_word_from) for such rows, and measured slower there than 4 lanes a
+#: row; rows of an odd number of words, and shorter rows, measured as fast or faster a thread a
+#: row. Measured on an H200 (same process, two runs, % of the copy, 64 MiB / 256 MiB, 2026-11-25),
+#: a thread a row -> 4 lanes: float32 52-60 columns 95-102 -> 99-108 / 97-98 -> 98-100; 16-bit
+#: 100-120 columns 87-93 -> 94-100 / 92-96 -> 96-100, 124 columns 86-91 -> 88-92 / 92-95 -> 90-93.
+#: Not taken: float32 40 columns (160 bytes) 99-104 -> 95-98; float32 49-61 and 16-bit 98-127
+#: columns of an odd number of words, up to 12 points slower (16-bit 98 columns log_softmax 103 ->
+#: 92); 16-bit 80-88 columns level to 3 slower.
+STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
 SHARED_BANKS = 32
 
@@ -525,10 +539,11 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
             or not _one_span(p, vec)):
         return None
     the_plan = None
-    if row_bytes > STAGED_SHORT_ROW_BYTES:
+    if row_bytes > STAGED_SHORT_ROW_BYTES or (row_bytes > STAGED_GROUP_SHORT_MIN_ROW_BYTES and row_bytes % 8 == 0):
         the_plan = _plan_groups_at(p, device, vec, -1)
     row_slots = row_bytes // 16
-    if (the_plan is None and itemsize in STAGED_GROUP_PADDED_ITEMSIZES and row_bytes > STAGED_GROUP_PADDED_MIN_ROW_BYTES
+    padded_max = STAGED_GROUP_PADDED_MAX_ROW_BYTES.get(itemsize, 0)
+    if (the_plan is None and STAGED_GROUP_PADDED_MIN_ROW_BYTES < row_bytes <= padded_max
             and p.x_misalign == 0 and row_bytes % 16 == 0 and row_slots & (row_slots - 1) == 0):
         the_plan = _plan_groups_at(p, device, vec, row_slots.bit_length() - 1)
     return the_plan

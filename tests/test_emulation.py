@@ -717,9 +717,10 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
 
 
 #: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB, and rows of a power-of-two
-#: number of 16-byte slots (a padded tile: 16-bit 256, 512 and 1024 columns, float32 128)
-STAGED_GROUP_ROWS = {"float16": (256, 288, 300, 512, 777, 1001), "bfloat16": (383, 512, 601, 1024),
-                     "float32": (67, 100, 128, 150)}
+#: number of 16-byte slots (a padded tile: 16-bit 256, 512 and 1024 columns, float32 64 and 128), and
+#: rows of 193-256 bytes that are an even number of words (16-bit 120 columns, float32 52 and 64)
+STAGED_GROUP_ROWS = {"float16": (120, 256, 288, 300, 512, 777, 1001), "bfloat16": (383, 512, 601, 1024),
+                     "float32": (52, 64, 67, 100, 128, 150)}
 
 
 @pytest.mark.parametrize("interleave", [False, True])

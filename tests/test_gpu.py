@@ -304,6 +304,52 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype, cols, tier, padded", [("float32", 64, "staged_group", True),
+                                                       ("float16", 120, "staged_group", False),
+                                                       ("float16", 256, "staged_group", True),
+                                                       ("bfloat16", 1001, "staged_group", False),
+                                                       ("bfloat16", 98, "staged", False),
+                                                       ("float32", 61, "staged", False)])
+def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, tier, padded):
+    """Contiguous short rows staged through shared memory as inputs past the small-input rules plan
+    them (rules off, so that a few thousand rows do): a group of lanes a row, in tiles padded by a
+    slot a row where rows are a power-of-two number of 16-byte slots, or a thread a row; a partial
+    last tile, with NaN, +inf and -inf rows."""
+    from checks import set_small_input_rules
+
+    from portable_softmax import api, planner
+
+    torch = _torch_cuda()
+    rt = _probe.runtime("cuda")
+    if tier == "staged_group" and not planner.has_async_copy(rt.profile(0)):
+        pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: no staged groups")
+    set_small_input_rules(monkeypatch, False)
+    api._prepared.clear()
+    host = random_input(rng, (3001, cols), "float32")
+    host[0, cols // 2] = np.nan
+    host[1, cols // 3] = np.inf
+    host[2, :] = -np.inf
+    x = torch.from_numpy(host).to("cuda", getattr(torch, dtype))
+    try:
+        src = api.classify(x)
+        layout = api.describe(tuple(x.shape), src.strides, 1)
+        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
+                            rt.profile(0))
+        assert the_plan.tier == tier and (the_plan.notes.get("row_shift", -1) >= 0) == padded, the_plan
+        assert x.shape[0] % the_plan.notes["tile_rows"], the_plan  # a partial last tile
+        for op, safe in (("softmax", False), ("softmax", True), ("log_softmax", False)):
+            out = torch.full_like(x, float("nan"))
+            if op == "softmax":
+                ps.softmax(x, out=out, safe=safe)
+            else:
+                ps.log_softmax(x, out=out)
+            assert_matches(_to_numpy(out), _to_numpy(x), op=op, safe=safe, what=f"{dtype} x{cols} {tier} safe={safe}")
+    finally:
+        planner.plan.cache_clear()
+        api._prepared.clear()
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_long_non_last_axes_are_cached_on_chip(rng, dtype):
     """Reductions over a long non-last axis, cached across co-resident blocks: axis 0 of a

@@ -220,7 +220,8 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     """Where copies are asynchronous, 16-bit rows and float32 rows of up to 600 bytes take the fewest
     lanes a row (of 4, 8, 16) whose lanes get STAGED_GROUP_MIN_WORDS words each, whose tile of a row
     a group fits STAGED_GROUP_TILE_BYTES and whose warp reads no bank more than twice at once; other
-    rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers."""
+    rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers, but for those of more than
+    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words, and padded ones."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
         p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
@@ -236,7 +237,11 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert chosen("float16", 1500) == ("staged_group", 16)  # 8 rows of 3000 bytes
     assert chosen("float16", 320) == ("staged_group", 16)  # 160 words: 4 and 8 lanes all on the same banks
     assert chosen("float16", 160) == ("staged_group", 8)  # 80 words: 4 lanes 4 ways
-    assert {chosen("float16", c)[0] for c in (90, 92, 100)} == {"staged"}  # up to 256 bytes: a thread a row
+    # up to 256 bytes a thread a row, but rows of 193-256 bytes that are an even number of words
+    assert {chosen("float16", c)[0] for c in (90, 92, 96, 98, 126)} == {"staged"}  # 180-192 bytes; 49, 63 words
+    even_words = (("float16", 100), ("bfloat16", 120), ("float32", 52), ("float32", 62))  # 50, 60, 52, 62 words
+    assert {chosen(dtype, c) for dtype, c in even_words} == {("staged_group", 4)}
+    assert {chosen("float32", c)[0] for c in (40, 48, 61)} == {"staged"}  # 160 bytes; 4 lanes 4 ways; 61 words
     assert chosen("float16", 255) == ("staged_group", 4)  # 4 lanes: 8 ways in order, 2 interleaved
     assert plan(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
     assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in order
@@ -254,7 +259,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
     # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
-    assert chosen("float32", 128)[0] == "warp"  # float32 rows are not padded
+    assert chosen("float32", 128)[0] == "warp"  # float32 rows are padded up to 256 bytes
+    p = plan(RowProblem("float32", "softmax", 1 << 20, 64), device)
+    assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 4)  # 16 slots
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
     assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
     assert chosen("float64", 50)[0] != "staged_group"
