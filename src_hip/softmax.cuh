@@ -1129,10 +1129,15 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       // r is the same in every lane of a group: the group's shuffles see all of its lanes.
       for (int r = PS_THREAD_X / LANES; r < count; r += PS_BLOCK_DIM_X / LANES) {
         T* row = tile + r * n;
-        // float-computed rows of up to 8 elements are taken into registers once: one read of
-        // shared memory and one exp an element instead of three reads and two. n is the block's.
+        // float-computed rows of up to 8 elements (16-bit ones: up to 16) are taken into registers
+        // once: one read of shared memory and one exp an element instead of three reads and two.
+        // n is the block's; the registers' count nearest above it, as each costs its instructions.
         if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
           staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
+        } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 12) {
+          staged_row_in_registers<OP, T, 12>(row, n, safe != 0);
+        } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 16) {
+          staged_row_in_registers<OP, T, 16>(row, n, safe != 0);
         } else {
           staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
         }
