@@ -441,11 +441,11 @@ def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
 
 
 def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int,
-                     stride: int | None = None) -> int:
+                     stride: int | None = None, bytes_per_thread: int = STAGED_WARP_BYTES_PER_THREAD) -> int:
     """Rows of a step of a staged tier whose rows a group of `lanes` lanes takes: about
-    STAGED_WARP_BYTES_PER_THREAD a thread, a whole number a group (0 where a row a group does not fit)."""
+    `bytes_per_thread` a thread, a whole number a group (0 where a row a group does not fit)."""
     groups = threads // lanes
-    wanted = ceil(max(1, round(threads * STAGED_WARP_BYTES_PER_THREAD / (p.cols * V.DTYPES[p.dtype][2]))) / groups)
+    wanted = ceil(max(1, round(threads * bytes_per_thread / (p.cols * V.DTYPES[p.dtype][2]))) / groups)
     return min(p.rows, wanted * groups, _rows_fitting(p, device, vec, stride) // groups * groups)
 
 
@@ -504,6 +504,17 @@ STAGED_GROUP_PADDED_MIN_ROW_BYTES = 128
 #: columns of an odd number of words, up to 12 points slower (16-bit 98 columns log_softmax 103 ->
 #: 92); 16-bit 80-88 columns level to 3 slower.
 STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
+#: bytes of the span a thread of the staged groups moves per step (padded rows: as the warp-a-row
+#: tier, STAGED_WARP_BYTES_PER_THREAD). Measured (same process, two runs, % of the copy, 64 MiB /
+#: 256 MiB, 2026-11-25), 128 -> 64: H200 16-bit 218-251 columns 79-92 -> 90-101 / 87-97 -> 90-101,
+#: 420-493 columns 89-96 -> 100-104 / 96-98 -> 99-101, float32 110-125 columns 87-94 -> 99-105 /
+#: 95-97 -> 99-101 (torch 94-102), other rows of 100-1200 columns level to +3 but for 16-bit rows of
+#: 130-150 columns at 256 MiB, 96-101 -> 91-99 (float16 130 columns 97-98 -> 91-93); H100
+#: level or faster (float32 110-125 columns 99-101 -> 104-107 at 64 MiB) but for float32 67-77
+#: columns at 64 MiB, 104-108 -> 102-105. Smaller tiles, more of them, shorten each step's run of
+#: loads, compute and stores that the blocks of few waves take in step. Padded 16-bit rows of 128
+#: columns measured 94-96 -> 90-92 at 256 MiB, so keep theirs.
+STAGED_GROUP_BYTES_PER_THREAD = 64
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
 SHARED_BANKS = 32
 
@@ -562,7 +573,8 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         # rows in order where their banks allow, else interleaved where those do
         interleave = next((i for i in STAGED_GROUP_ORDERS if staged_bank_ways(p, lanes, stride, i)
                            <= STAGED_GROUP_MAX_WAYS), None)
-        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride)
+        per_thread = STAGED_GROUP_BYTES_PER_THREAD if row_shift < 0 else STAGED_WARP_BYTES_PER_THREAD
+        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride, per_thread)
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
         return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,

@@ -256,6 +256,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
     assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
+    # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread, padded ones STAGED_WARP_BYTES_PER_THREAD
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 140), device).notes["tile_rows"] == 32  # 29 rows of 280 B
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["tile_rows"] == 64
     assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
     # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
