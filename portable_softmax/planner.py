@@ -481,6 +481,12 @@ STAGED_GROUP_MAX_WAYS = 2
 #: each, % of the copy): H200 16-bit 255 columns 80-85 -> 98-99, 383: 82-86 -> 98-99, 161: 87-91 ->
 #: 98, bfloat16 257: 82-87 -> 99-100, 389: 85-89 -> 94-96, 450: 89-93 -> 95-96, float32 97 columns
 #: 87-94 -> 97, 129: 79-87 -> 98, but 16-bit 130 columns 97-99 -> 94-97; H100 level or up to +6.
+#: Of the two, the one whose groups share the fewest banks; in order where both share as few.
+#: Measured against in order wherever that was within STAGED_GROUP_MAX_WAYS (same process, two
+#: runs, % of the copy, 64 MiB / 256 MiB, 2026-11-25): H200 16-bit 154 columns 91-93 -> 95-97 /
+#: 87-88 -> 91-93, 218 columns 89-93 -> 97-101 / 89-91 -> 97-100, 350 columns 90-91 -> 98-102 / 90
+#: -> 97-99, float32 77 columns 90-97 -> 103-108 / 88-91 -> 98-100; 16-bit 134-684 and float32
+#: 67-147 columns otherwise level (within 2); H100 level everywhere.
 STAGED_GROUP_ORDERS = (False, True)
 #: rows of a power-of-two number of 16-byte slots (whole 128-byte lines from 128 bytes, where the
 #: groups of a warp start on the same banks), of these element sizes and longer than
@@ -570,9 +576,10 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         if (lanes >= device.warp_size or p.cols * itemsize < 4 * lanes * STAGED_GROUP_MIN_WORDS
                 or threads // lanes * stride * itemsize > STAGED_GROUP_TILE_BYTES):
             continue
-        # rows in order where their banks allow, else interleaved where those do
-        interleave = next((i for i in STAGED_GROUP_ORDERS if staged_bank_ways(p, lanes, stride, i)
-                           <= STAGED_GROUP_MAX_WAYS), None)
+        ways = {i: staged_bank_ways(p, lanes, stride, i) for i in STAGED_GROUP_ORDERS}
+        interleave = min(ways, key=ways.get)  # the first of the orders sharing the fewest banks
+        if ways[interleave] > STAGED_GROUP_MAX_WAYS:
+            interleave = None
         per_thread = STAGED_GROUP_BYTES_PER_THREAD if row_shift < 0 else STAGED_WARP_BYTES_PER_THREAD
         tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride, per_thread)
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit

@@ -244,7 +244,8 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert {chosen("float32", c)[0] for c in (40, 48, 61)} == {"staged"}  # 160 bytes; 4 lanes 4 ways; 61 words
     assert chosen("float16", 255) == ("staged_group", 4)  # 4 lanes: 8 ways in order, 2 interleaved
     assert plan(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
-    assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in order
+    assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in both
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 350), device).notes["interleave"]  # 2 ways in order, 1
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
     # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
     p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
