@@ -519,8 +519,13 @@ STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
 #: level or faster (float32 110-125 columns 99-101 -> 104-107 at 64 MiB) but for float32 67-77
 #: columns at 64 MiB, 104-108 -> 102-105. Smaller tiles, more of them, shorten each step's run of
 #: loads, compute and stores that the blocks of few waves take in step. Padded 16-bit rows of 128
-#: columns measured 94-96 -> 90-92 at 256 MiB, so keep theirs.
+#: columns measured 94-96 -> 90-92 at 256 MiB, so keep theirs. Tiles under
+#: STAGED_GROUP_MIN_TILE_BYTES keep theirs too: the losses above had tiles of 8-10 KiB (16-bit 130-150
+#: columns, 32 rows), and so had 16-bit rows of 513 columns (8 rows of 16 lanes; H200 at 256 MiB
+#: 96-100 -> 90-94 in the default command); the gains had 13-22 KiB. 16-bit rows of 100-124 columns
+#: (6-8 KiB) measured +2 to +5 at 64 MiB and level at 256 MiB; they keep their 96-row tiles.
 STAGED_GROUP_BYTES_PER_THREAD = 64
+STAGED_GROUP_MIN_TILE_BYTES = 12 * 1024
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
 SHARED_BANKS = 32
 
@@ -580,8 +585,10 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         interleave = min(ways, key=ways.get)  # the first of the orders sharing the fewest banks
         if ways[interleave] > STAGED_GROUP_MAX_WAYS:
             interleave = None
-        per_thread = STAGED_GROUP_BYTES_PER_THREAD if row_shift < 0 else STAGED_WARP_BYTES_PER_THREAD
-        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride, per_thread)
+        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride)
+        smaller = _group_tile_rows(p, device, vec, threads, lanes, stride, STAGED_GROUP_BYTES_PER_THREAD)
+        if row_shift < 0 and smaller * stride * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
+            tile_rows = smaller
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
         return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,

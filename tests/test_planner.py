@@ -257,9 +257,15 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
     assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
-    # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread, padded ones STAGED_WARP_BYTES_PER_THREAD
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 140), device).notes["tile_rows"] == 32  # 29 rows of 280 B
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["tile_rows"] == 64
+    # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread where that is STAGED_GROUP_MIN_TILE_BYTES or
+    # more, else (and padded) STAGED_WARP_BYTES_PER_THREAD
+    def tile_rows(cols: int) -> int:
+        return plan(RowProblem("float16", "softmax", 1 << 20, cols), device).notes["tile_rows"]
+
+    assert tile_rows(218) == 32  # 16 rows of 436 bytes for 64 a thread: 32, a row a group (14 KiB)
+    assert tile_rows(140) == 64  # 32 rows (9 KiB) too small: 59 rows of 128 bytes a thread, two a group
+    assert tile_rows(513) == 16  # 16 lanes: 8 rows (8 KiB) too small
+    assert tile_rows(128) == 64  # padded
     assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
     # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
