@@ -475,9 +475,9 @@ STAGED_GROUP_MAX_ROW_BYTES = {2: 8000, 4: 600}
 STAGED_GROUP_MIN_WORDS = 10
 STAGED_GROUP_TILE_BYTES = 24 * 1024
 STAGED_GROUP_MAX_WAYS = 2
-#: the orders of a tile's rows among a block's groups that the planner tries, in turn: in order
-#: (False), then interleaved (True: the groups of 32 lanes on rows STAGED_THREADS / 32 apart), for
-#: the lengths whose groups share banks in order. Measured against in order only (same run, two runs
+#: the orders of a tile's rows among a block's groups that the planner weighs: in order (False),
+#: and interleaved (True: the groups of 32 lanes on rows STAGED_THREADS / 32 apart), for the
+#: lengths whose groups share banks in order. Measured against in order only (same run, two runs
 #: each, % of the copy): H200 16-bit 255 columns 80-85 -> 98-99, 383: 82-86 -> 98-99, 161: 87-91 ->
 #: 98, bfloat16 257: 82-87 -> 99-100, 389: 85-89 -> 94-96, 450: 89-93 -> 95-96, float32 97 columns
 #: 87-94 -> 97, 129: 79-87 -> 98, but 16-bit 130 columns 97-99 -> 94-97; H100 level or up to +6.
@@ -522,8 +522,8 @@ STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
 #: columns measured 94-96 -> 90-92 at 256 MiB, so keep theirs. Tiles under
 #: STAGED_GROUP_MIN_TILE_BYTES keep theirs too: the losses above had tiles of 8-10 KiB (16-bit 130-150
 #: columns, 32 rows), and so had 16-bit rows of 513 columns (8 rows of 16 lanes; H200 at 256 MiB
-#: 96-100 -> 90-94 in the default command); the gains had 13-22 KiB. 16-bit rows of 100-124 columns
-#: (6-8 KiB) measured +2 to +5 at 64 MiB and level at 256 MiB; they keep their 96-row tiles.
+#: 96-100 -> 90-94 in the default command); the gains had 13-22 KiB (16-bit rows of 100-124
+#: columns: 64 rows of 13-16 KiB instead of 96, +2 to +5 at 64 MiB, level at 256 MiB).
 STAGED_GROUP_BYTES_PER_THREAD = 64
 STAGED_GROUP_MIN_TILE_BYTES = 12 * 1024
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
