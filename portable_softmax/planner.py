@@ -586,9 +586,10 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         if ways[interleave] > STAGED_GROUP_MAX_WAYS:
             interleave = None
         tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride)
-        smaller = _group_tile_rows(p, device, vec, threads, lanes, stride, STAGED_GROUP_BYTES_PER_THREAD)
-        if row_shift < 0 and smaller * stride * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
-            tile_rows = smaller
+        if row_shift < 0:  # unpadded: the smaller tile where it still holds STAGED_GROUP_MIN_TILE_BYTES
+            smaller = _group_tile_rows(p, device, vec, threads, lanes, stride, STAGED_GROUP_BYTES_PER_THREAD)
+            if smaller * stride * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
+                tile_rows = smaller
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
         return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,

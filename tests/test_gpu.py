@@ -49,6 +49,30 @@ def _to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
+def _plan_of(v, axis: int = -1):
+    """The plan the API makes for softmax of device tensor `v` along `axis`, in place."""
+    from portable_softmax import api
+
+    src = api.classify(v)
+    layout = api.describe(tuple(v.shape), src.strides, axis % v.dim())
+    return api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
+                    _probe.runtime("cuda").profile(0))
+
+
+def _check_each_op(v, what: str) -> None:
+    """softmax (plain and safe) and log_softmax of `v` along its last axis into NaN-filled outputs,
+    each against the float64 reference."""
+    import torch
+
+    for op, safe in (("softmax", False), ("softmax", True), ("log_softmax", False)):
+        out = torch.full_like(v, float("nan"))
+        if op == "softmax":
+            ps.softmax(v, out=out, safe=safe)
+        else:
+            ps.log_softmax(v, out=out)
+        assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, safe=safe, what=f"{what} safe={safe}")
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_cuda_tensor_in_torch_out_same_device(rng, dtype):
@@ -280,24 +304,15 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
              "flat offset 3, odd stride": base.reshape(-1)[3 : 3 + (rows - 1) * (cols + 2)].view(rows - 1, cols + 2)}
     try:
         for name, v in views.items():
-            src = api.classify(v)
-            layout = api.describe(tuple(v.shape), src.strides, 1)
-            the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
-                                rt.profile(0))
+            the_plan = _plan_of(v)
             step = the_plan.launches[0]
             assert the_plan.tier == tier, (name, the_plan)
             if tier == "cached":
                 assert ("held_slots" in the_plan.notes) == held, (name, the_plan)
-                grid = rt.resident_grid(rt.function(0, src.dtype, step.kernel, step.shared_mem), step, 0)
+                grid = rt.resident_grid(rt.function(0, dtype, step.kernel, step.shared_mem), step, 0)
                 rows_per_block = v.shape[0] / (grid // the_plan.notes["chunks"])
                 assert rows_per_block >= 3, (name, the_plan, grid)
-            for op, safe in (("softmax", False), ("softmax", True), ("log_softmax", False)):
-                out = torch.full_like(v, float("nan"))
-                if op == "softmax":
-                    ps.softmax(v, out=out, safe=safe)
-                else:
-                    ps.log_softmax(v, out=out)
-                assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), op=op, safe=safe, what=f"{name} safe={safe}")
+            _check_each_op(v, name)
     finally:
         planner.plan.cache_clear()
         api._prepared.clear()
@@ -331,19 +346,10 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
     host[2, :] = -np.inf
     x = torch.from_numpy(host).to("cuda", getattr(torch, dtype))
     try:
-        src = api.classify(x)
-        layout = api.describe(tuple(x.shape), src.strides, 1)
-        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
-                            rt.profile(0))
+        the_plan = _plan_of(x)
         assert the_plan.tier == tier and (the_plan.notes.get("row_shift", -1) >= 0) == padded, the_plan
         assert x.shape[0] % the_plan.notes["tile_rows"], the_plan  # a partial last tile
-        for op, safe in (("softmax", False), ("softmax", True), ("log_softmax", False)):
-            out = torch.full_like(x, float("nan"))
-            if op == "softmax":
-                ps.softmax(x, out=out, safe=safe)
-            else:
-                ps.log_softmax(x, out=out)
-            assert_matches(_to_numpy(out), _to_numpy(x), op=op, safe=safe, what=f"{dtype} x{cols} {tier} safe={safe}")
+        _check_each_op(x, f"{dtype} x{cols} {tier}")
     finally:
         planner.plan.cache_clear()
         api._prepared.clear()
@@ -354,19 +360,13 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
 def test_long_non_last_axes_are_cached_on_chip(rng, dtype):
     """Reductions over a long non-last axis, cached across co-resident blocks: axis 0 of a
     matrix, the middle axis of a 3-D tensor, and a column-strided view."""
-    from portable_softmax import api
-
     torch = _torch_cuda()
-    rt = _probe.runtime("cuda")
     tdtype = getattr(torch, dtype)
     base = torch.from_numpy(random_input(rng, (3000, 4100), "float32")).to("cuda", tdtype)
     cases = {"axis 0": (base, 0), "3-D middle axis": (base[:, :4096].reshape(3000, 64, 64).permute(1, 0, 2), 1),
              "every other column, axis 0": (base[:, ::2], 0)}
     for name, (v, axis) in cases.items():
-        src = api.classify(v)
-        layout = api.describe(tuple(v.shape), src.strides, axis)
-        the_plan = api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
-                            rt.profile(0))
+        the_plan = _plan_of(v, axis)
         assert the_plan.tier == "strided_cached", (name, the_plan.tier)
         for op, fn in (("softmax", ps.softmax), ("log_softmax", ps.log_softmax)):
             out = torch.full(v.shape, float("nan"), device="cuda", dtype=tdtype)
