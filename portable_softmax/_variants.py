@@ -222,7 +222,10 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
 #: staged tiers: float16 16 columns 84 / 88 -> 91 / 97 (softmax / log_softmax), bfloat16 32 columns
 #: 82 / 84 -> 87 / 91. 64 columns, once whole rounds took no test a slot: 88-91 -> 94-95 (H200), on
 #: grids of at least half a block a multiprocessor (planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM).
-PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 32, 64)}
+#: 9, 11 and 13 columns (groups of 72-104 values, widened a row at a time), on an H200 against the
+#: staged tier at 16-256 MiB (two runs): 9 columns 83-95 -> 98-107, 11 90-98 -> 94-107, 13 87-99 ->
+#: 89-98 (but 32 MiB: 92-95 -> 89-90).
+PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 20, 32, 64)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:

@@ -617,6 +617,20 @@ PACKED_ROUNDS = 2
 #: of 64 columns, 1 MiB (16 blocks) 49-52 against 56-61; 8 MiB (128 blocks) 74-76 against 70-74;
 #: 256 MiB 94-95 against 87-90.
 PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM = 0.5
+#: values of a group above which it is widened a row at a time (kPackedWidenedMost: 16-bit rows of
+#: 9, 11 and 13 columns, 72-104 values a thread)
+PACKED_WIDENED_MOST = 64
+#: threads per block of those groups (their shared memory: two tiles of threads x 144-208 bytes).
+#: Measured on an H200 (% of the copy, two runs, 16-bit rows of 9, 11 and 13 columns at 12-256 MiB)
+#: against 128 threads: 64 level to +5 (11 columns at 12 MiB 88-89 -> 92-94, 13 columns at 48 MiB
+#: 92-94 -> 95-96), 256 level to 12 slower (9 columns at 12 MiB 97-99 -> 86-87).
+PACKED_WIDE_GROUP_THREADS = 64
+#: those groups go to the packed tier from this many groups a multiprocessor on. Measured on an H200
+#: against the staged tier (% of the copy, two runs): at 8 MiB (305-441 groups a multiprocessor)
+#: 9 columns 95-98 against 93-96, but 11 and 13 columns 84-90 against 93-101; at 12 MiB (458-662)
+#: 9 columns 96-99 against 86-87, 11 92-94 against 91, 13 88-91 either way; from 16 MiB on packed
+#: 89-107 against staged 83-101 (256 MiB: 96-100 against 83-95).
+PACKED_WIDE_MIN_GROUPS_PER_SM = 512
 
 
 def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
@@ -634,20 +648,24 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     per_thread = lcm(p.cols, vec)  # values, in whole vectors and whole rows
     group = per_thread // vec
     depth = 1 if group >= 4 else 4 // group
-    tile = depth * PACKED_THREADS * per_thread * V.DTYPES[p.dtype][2]  # the groups pass through shared memory
-    if tile > device.shared_mem_per_block or PACKED_THREADS > device.max_threads_per_block:
+    wide = per_thread > PACKED_WIDENED_MOST
+    block = PACKED_WIDE_GROUP_THREADS if wide else PACKED_THREADS
+    tile = depth * block * per_thread * V.DTYPES[p.dtype][2]  # the groups pass through shared memory
+    if tile > device.shared_mem_per_block_optin or block > device.max_threads_per_block:
         return None
     two_tiles = has_async_copy(device) and per_thread > PACKED_TWO_TILES_ABOVE  # kPackedTwoTiles
     stages = PACKED_STAGES if two_tiles and PACKED_STAGES * tile <= device.shared_mem_per_block_optin else 1
     rounds = PACKED_ROUNDS if stages > 1 else 1
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
-    blocks = ceil(groups / (PACKED_THREADS * depth * rounds))
+    blocks = ceil(groups / (block * depth * rounds))
+    if wide and groups < PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors:
+        return None
     if per_thread > PACKED_TWO_TILES_ABOVE and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
         return None
-    threads, wanted = PACKED_THREADS, _spread_blocks(device)
+    threads, wanted = block, _spread_blocks(device)
     if wanted and blocks < wanted:  # fewer warps a block, so that a small input spreads wider
         threads = _spread_threads(device, threads, groups / (depth * rounds * wanted))
-        tile = tile // PACKED_THREADS * threads
+        tile = tile // block * threads
         blocks = ceil(groups / (threads * depth * rounds))
     launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), threads, stages * tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p)), (I32, stages)),

@@ -760,6 +760,18 @@ const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREA
 // 7 columns 87 / 89 -> 95 / 97, bfloat16 7 columns 87 / 91 -> 96 / 99 against one tile. Shorter
 // groups keep one tile: the loop that can take two cost them 8-16 registers a thread (32 -> 40-48).
 const int kPackedTwoTilesAbove = 32;
+// Groups of up to this many values are widened whole, then taken a row at a time; larger ones
+// (16-bit rows of 9, 11 and 13 columns: 72-104 values) stay as stored and are widened a row at a
+// time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256 threads a
+// multiprocessor at 13 columns); a row at a time, under packed_min_blocks' bound, 55-71 with no spill.
+const int kPackedWidenedMost = 64;
+// The groups widened a row at a time compile for three blocks of kPackedThreads a multiprocessor
+// (at most 85 registers a thread). Without the bound nvcc gave them 32-40 registers and less overlap
+// of a group's reads with its arithmetic: on an H200, 16-bit 13 columns at 8 and 64 MiB 2-5 points
+// of the copy slower, 9 and 11 columns level.
+template <typename T, int COLS, int VEC> constexpr int packed_min_blocks() {
+  return COLS / Gcd<COLS, VEC>::value * VEC > kPackedWidenedMost ? 3 : 0;
+}
 template <typename T, int VEC, int N>
 constexpr bool kPackedTwoTiles = kAsyncSlots<T, VEC> && N > kPackedTwoTilesAbove;
 
@@ -826,10 +838,31 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   auto finish_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) {
-      C v[GROUP * VEC];
       Vec<T, VEC>* group = &at[(u * threads + PS_THREAD_X) * GROUP];
       const int flip = packed_flip<GROUP>(PS_THREAD_X);  // slot s of the group lies at group[s ^ flip]
       const i64 first = (base + u * step + PS_THREAD_X) * GROUP;
+      if constexpr (GROUP * VEC > kPackedWidenedMost) {
+        // A row at a time: the slots a row reaches into are read as stored just before it, and
+        // those it finishes written back just after, so that few are held at once.
+        Vec<T, VEC> raw[GROUP];
+#pragma unroll
+        for (int r = 0; r < GROUP * VEC / COLS; ++r) {
+#pragma unroll
+          for (int s = (r * COLS + VEC - 1) / VEC; s < ((r + 1) * COLS + VEC - 1) / VEC; ++s) {
+            raw[s] = first + s < span.slots ? group[s ^ flip] : neg_inf_vec<T, VEC>();
+          }
+          C v[COLS];
+#pragma unroll
+          for (int j = 0; j < COLS; ++j) v[j] = to_compute(raw[(r * COLS + j) / VEC].v[(r * COLS + j) % VEC]);
+          softmax_in_registers<OP, T, 1, COLS>(v, safe != 0);
+#pragma unroll
+          for (int j = 0; j < COLS; ++j) raw[(r * COLS + j) / VEC].v[(r * COLS + j) % VEC] = from_compute<T>(v[j]);
+#pragma unroll
+          for (int s = r * COLS / VEC; s < (r + 1) * COLS / VEC; ++s) group[s ^ flip] = raw[s];
+        }
+        continue;
+      }
+      C v[GROUP * VEC];
 #pragma unroll
       for (int s = 0; s < GROUP; ++s) {
         if (first + s < span.slots) {
@@ -2061,7 +2094,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kPackedThreads) ps_packed_##DT##_##OPN##_c##C##_v##V(        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kPackedThreads, (ps::packed_min_blocks<T, C, V>()))      \
+  ps_packed_##DT##_##OPN##_c##C##_v##V(                                                            \
       const T* x, T* y, ps::i64 rows, int safe, int stages) {                                        \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::packed_rows<T, OP, C, V>(x, y, rows, safe, stages, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \

@@ -395,11 +395,13 @@ def test_every_packed_row_length(request, monkeypatch, rng, dtype, copies):
     asynchronous copies. The planner's floor on the grid of long groups is lifted: 1000 rows are
     a few blocks."""
     monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
+    monkeypatch.setattr(planner, "PACKED_WIDE_MIN_GROUPS_PER_SM", 0)
     plan.cache_clear()
     request.addfinalizer(plan.cache_clear)
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
-    # a block's shared memory as large as an H100's default (the 7-column tile takes 28 KiB)
-    runtime = EmulatedRuntime(library, 32, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
+    # a block's shared memory as an H100's default, 64 KiB opted in as on an MI300X (16-bit tiles of
+    # 256 threads: 7 columns 28 KiB, 13 columns 52 KiB)
+    runtime = EmulatedRuntime(library, 32, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=64 * 1024,
                               shared_mem_per_multiprocessor=128 * 1024)
     vec = V.vector_widths(dtype)[1]
     for cols in V.packed_cols(dtype):
@@ -424,16 +426,18 @@ def test_packed_blocks_of_two_tiles_over_several_rounds(async_library, async_pla
     partial, the span starting on a vector and one row into it. The same kernels with one tile
     (stages = 1, the next round copied after a round's stores) on a grid of one block, too."""
     monkeypatch.setattr(planner, "PACKED_THREADS", 32)
+    monkeypatch.setattr(planner, "PACKED_WIDE_GROUP_THREADS", 32)
     monkeypatch.setattr(planner, "PACKED_ROUNDS", 3)
     monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
+    monkeypatch.setattr(planner, "PACKED_WIDE_MIN_GROUPS_PER_SM", 0)
     runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=48 * 1024,
                               shared_mem_per_block_optin=96 * 1024, shared_mem_per_multiprocessor=128 * 1024)
     long_groups = [c for c in V.packed_cols(dtype) if np.lcm(c, V.vector_widths(dtype)[1]) > 32]
     assert long_groups, V.packed_cols(dtype)
+    vec = V.vector_widths(dtype)[1]
     for cols in long_groups:
-        rows = 2000 // cols * 4 + 3
+        rows = 3 * 32 * np.lcm(cols, vec) * 3 // 2 // cols + 3  # a block's 3 rounds and a half, and 3 rows
         x = _inputs(rng, (rows, cols), dtype)
-        vec = V.vector_widths(dtype)[1]
         for offset in (0, cols) if cols % vec % cols == 0 else (0,):  # one row in, where that is packed
             problem = RowProblem(dtype, "softmax", rows, cols, x_misalign=offset % vec, y_misalign=offset % vec)
             for op, safe in OP_CASES:

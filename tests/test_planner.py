@@ -6,6 +6,7 @@ import itertools
 from dataclasses import replace
 from math import ceil
 
+import numpy as np
 import pytest
 from checks import SMALL_INPUT_RULES, set_small_input_rules
 
@@ -308,13 +309,35 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
         assert "packed" not in {padded.tier, mixed.tier} and (off_row.tier == "packed") == (cols == 1)
         # a tile larger than the block's shared memory: another tier
         small = replace(device, shared_mem_per_block=16 * 1024, shared_mem_per_block_optin=16 * 1024)
-        packed = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
+        packed = plan(RowProblem(dtype, "softmax", 1 << 22, cols), device)
         tile = packed.launches[0].shared_mem // packed.notes["stages"]
-        assert (plan(RowProblem(dtype, "softmax", 1 << 20, cols), small).tier == "packed") == (tile <= 16 * 1024)
-        # groups of more than 32 values (16-bit 5, 7 and 64 columns) only on a grid of at least half
-        # a block a multiprocessor: 1000 rows are a few blocks, which the staged tier spreads wider
+        assert (plan(RowProblem(dtype, "softmax", 1 << 22, cols), small).tier == "packed") == (tile <= 16 * 1024)
+        # groups of more than 32 values (16-bit 5, 7, 9-14, 20 and 64 columns) only on a grid of at
+        # least half a block a multiprocessor: 1000 rows are a few blocks, which the staged tier
+        # spreads wider (the small-input rules off: test_small_inputs_...)
         few = plan(RowProblem(dtype, "softmax", 1000, cols), device)
         assert (few.tier == "packed") == (packed.notes["values_per_thread"] <= 32), (cols, few.tier)
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtype):
+    """16-bit rows of 9, 11 and 13 columns (groups of 72-104 values, widened a row at a time) are
+    packed in blocks of PACKED_WIDE_GROUP_THREADS from PACKED_WIDE_MIN_GROUPS_PER_SM groups a
+    multiprocessor on, and staged below; groups of up to 64 values keep PACKED_THREADS."""
+    vec = V.vector_widths(dtype)[1]
+    least = planner.PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors
+    for cols in (9, 11, 13):
+        per_group = int(np.lcm(cols, vec))
+        assert per_group > planner.PACKED_WIDENED_MOST and cols in V.packed_cols(dtype)
+        enough = plan(RowProblem(dtype, "softmax", least * per_group // cols, cols), device)
+        fewer = plan(RowProblem(dtype, "softmax", least * per_group // cols - per_group // cols, cols), device)
+        assert (enough.tier, fewer.tier) == ("packed", "staged"), (cols, enough.tier, fewer.tier)
+        assert enough.launches[0].block == planner.PACKED_WIDE_GROUP_THREADS
+        assert enough.notes["values_per_thread"] == per_group
+    for cols in (5, 7, 14, 20, 64):  # 40-64 values
+        p = plan(RowProblem(dtype, "softmax", 1 << 22, cols), device)
+        assert p.tier == "packed" and p.launches[0].block == planner.PACKED_THREADS, (cols, p)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
