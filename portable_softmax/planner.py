@@ -617,6 +617,12 @@ PACKED_ROUNDS = 2
 #: of 64 columns, 1 MiB (16 blocks) 49-52 against 56-61; 8 MiB (128 blocks) 74-76 against 70-74;
 #: 256 MiB 94-95 against 87-90.
 PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM = 0.5
+#: inputs under 8 MiB keep rows of 16 or more columns off the staged tiers (SMALL_INPUT_UNSTAGED_BYTES),
+#: so there the packed tier's groups of up to this many values take any grid: against the register
+#: tier, on an H200 (% of the copy, two runs), 16-bit rows of 20 columns (40 values a thread) at
+#: 0.25-2 MiB 43-72 -> 71-121 (torch 67-90), with one round a block (below). Groups of 64 values (64
+#: columns) measured slower than the register tier at 1 MiB (57-59 against 78-80) and keep the floor.
+PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES = 40
 #: values of a group above which it is widened a row at a time (kPackedWidenedMost: 16-bit rows of
 #: 9, 11 and 13 columns, 72-104 values a thread)
 PACKED_WIDENED_MOST = 64
@@ -660,9 +666,18 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     blocks = ceil(groups / (block * depth * rounds))
     if wide and groups < PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors:
         return None
-    if per_thread > PACKED_TWO_TILES_ABOVE and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
+    unstaged = (p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
+                and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
+    small_grid_most = PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES if unstaged else PACKED_TWO_TILES_ABOVE
+    if per_thread > small_grid_most and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
         return None
     threads, wanted = block, _spread_blocks(device)
+    if wanted and blocks < wanted and rounds > 1:
+        # A small input's blocks take one round each before they lose warps: measured on an H200 (%
+        # of the copy, two runs), 16-bit rows of 5-20 columns at 3-4 MiB 88-104 -> 101-111, 20
+        # columns at 0.25-2 MiB 59-109 -> 71-121; level elsewhere.
+        rounds = 1
+        blocks = ceil(groups / (block * depth * rounds))
     if wanted and blocks < wanted:  # fewer warps a block, so that a small input spreads wider
         threads = _spread_threads(device, threads, groups / (depth * rounds * wanted))
         tile = tile // block * threads

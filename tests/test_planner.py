@@ -341,6 +341,28 @@ def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtyp
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_small_packed_inputs_take_one_round_a_block_and_twenty_columns(monkeypatch, device):
+    """Under the small-input rules a packed grid short of SMALL_INPUT_BLOCKS_PER_SM blocks a
+    multiprocessor gives each block one round (PACKED_ROUNDS where the grid is large enough), and
+    rows of 20 16-bit columns, kept off the staged tiers there, are packed on any grid."""
+    set_small_input_rules(monkeypatch, True)
+    wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
+    for cols, nbytes in ((5, 3 << 20), (7, 8 << 20), (20, 256 << 10), (20, 1 << 20), (5, 256 << 20)):
+        rows = nbytes // (2 * cols)
+        p = plan(RowProblem("float16", "softmax", rows, cols), device)
+        assert p.tier == "packed", (cols, nbytes, p.tier)
+        (launch,) = p.launches
+        groups = ceil(rows * cols / p.notes["values_per_thread"])
+        per_round = launch.block * (p.notes["values_per_thread"] // int(np.lcm(cols, 8)))
+        rounds = ceil(groups / (launch.grid * per_round))
+        two = p.notes["stages"] == 2 and ceil(groups / (planner.PACKED_THREADS * planner.PACKED_ROUNDS)) >= wanted
+        assert rounds == (planner.PACKED_ROUNDS if two else 1), (cols, nbytes, launch, rounds)
+    # 20 columns: the small-input rules off, such a grid is left to the register tier
+    set_small_input_rules(monkeypatch, False)
+    assert plan(RowProblem("float16", "softmax", (256 << 10) // 40, 20), device).tier != "packed"
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_tiers_of_short_lived_blocks_launch_every_block_and_cooperative_ones_one_wave(device):
     from portable_softmax.planner import one_wave
 
