@@ -224,8 +224,11 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
 #: grids of at least half a block a multiprocessor (planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM).
 #: 9, 11 and 13 columns (groups of 72-104 values, widened a row at a time), on an H200 against the
 #: staged tier at 16-256 MiB (two runs): 9 columns 83-95 -> 98-107, 11 90-98 -> 94-107, 13 87-99 ->
-#: 89-98 (but 32 MiB: 92-95 -> 89-90).
-PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 20, 32, 64)}
+#: 89-98 (but 32 MiB: 92-95 -> 89-90). 18, 24, 28, 36, 40, 44 and 56 columns (a scan at 64 MiB found
+#: 16-bit rows of 18-40 columns at 80-92 on the staged tier), H200 at 16-256 MiB: 80-96 -> 96-120.
+#: Lengths whose groups would be an even number of slots other than 2, 4 or 8 (48 columns: 6) are
+#: not packed (packed_flip).
+PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20, 24, 28, 32, 36, 40, 44, 56, 64)}
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:

@@ -680,9 +680,10 @@ def test_small_inputs_under_the_small_input_rules(request, monkeypatch, rng, dty
 
 #: rows the staged tier takes only where copies are asynchronous: whole 16-byte vectors (an even
 #: number of 32-bit words, so threads start them at different words), rows ahead of scalar slots,
-#: and rows of 514-576 bytes; odd lengths beside them, and short 16-bit rows (9-31 columns; 10, 12,
-#: 14, 16, 20 and 32 are packed; rows of 9-12 and 13-16 held in registers of two counts)
-STAGED_WHERE_ASYNC = {"float32": (20, 36, 65, 80), "float16": (9, 13, 24, 31, 64, 72, 127, 200, 270),
+#: and rows of 514-576 bytes; odd lengths beside them, and short 16-bit rows (9-31 columns, rows of
+#: 9-12 and 13-16 held in registers of two counts; 70 rows are too few for the packed tier's wide
+#: groups of 9, 11 and 13 columns, and the other packed lengths are left out)
+STAGED_WHERE_ASYNC = {"float32": (20, 36, 65, 80), "float16": (9, 13, 31, 60, 64, 72, 127, 200, 270),
                       "bfloat16": (11, 15, 17, 40, 48, 255, 257)}
 
 
