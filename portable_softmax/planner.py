@@ -618,11 +618,20 @@ PACKED_ROUNDS = 2
 #: 256 MiB 94-95 against 87-90.
 PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM = 0.5
 #: inputs under 8 MiB keep rows of 16 or more columns off the staged tiers (SMALL_INPUT_UNSTAGED_BYTES),
-#: so there the packed tier's groups of up to this many values take any grid: against the register
-#: tier, on an H200 (% of the copy, two runs), 16-bit rows of 20 columns (40 values a thread) at
-#: 0.25-2 MiB 43-72 -> 71-121 (torch 67-90), with one round a block (below). Groups of 64 values (64
-#: columns) measured slower than the register tier at 1 MiB (57-59 against 78-80) and keep the floor.
+#: so there the packed tier's alternative is the register tier. Rows of whole 16-byte vectors take
+#: groups of up to this many values on any grid, larger ones as above: on an H200 (% of the copy, two
+#: runs) 16-bit 40 columns at 0.25-1 MiB 72-80 -> 74-83 packed; 56 and 64 columns (56-64 values)
+#: at 1.5-4 MiB were 5-10 slower packed than in the register tier (64 columns at 3 MiB 83-86 against
+#: 73-75).
 PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES = 40
+#: rows that are not whole vectors there take the packed tier on any grid where the register tier
+#: would read them as scalars (16-bit rows of 17-31 columns), else from this many groups a
+#: multiprocessor on. Measured on an H200 against the register tier (% of the copy, two runs):
+#: scalar rows, 16-bit 18 columns at 0.25-8 MiB 33-70 -> 56-110 (8 MiB 33-35 -> 100-102), 20
+#: columns 43-72 -> 71-122, 28 columns 44-74 -> 69-117; partial vectors, 36 and 44 columns at 0.25-1
+#: MiB (22-55 groups a multiprocessor) 68-75 in the register tier against 59-71 packed, at 2 MiB
+#: (90-110 groups) 36 columns 90-99 -> 107-111 and 44 level, at 3-6 MiB 64-91 -> 94-107.
+PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM = 96
 #: values of a group above which it is widened a row at a time (kPackedWidenedMost: 16-bit rows of
 #: 9, 11 and 13 columns, 72-104 values a thread)
 PACKED_WIDENED_MOST = 64
@@ -664,13 +673,19 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     rounds = PACKED_ROUNDS if stages > 1 else 1
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
     blocks = ceil(groups / (block * depth * rounds))
-    if wide and groups < PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors:
-        return None
     unstaged = (p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
                 and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
-    small_grid_most = PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES if unstaged else PACKED_TWO_TILES_ABOVE
-    if per_thread > small_grid_most and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
-        return None
+    if unstaged and p.cols % vec != 0:  # the register tier's rows would be scalars or partial vectors
+        register_scalar = scalar_rows(p, device.warp_size) or choose_vec(p) == 1
+        if (not register_scalar and per_thread > PACKED_TWO_TILES_ABOVE
+                and groups < PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM * device.multiprocessors):
+            return None
+    else:
+        if wide and groups < PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors:
+            return None
+        small_grid_most = PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES if unstaged else PACKED_TWO_TILES_ABOVE
+        if per_thread > small_grid_most and blocks < PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * device.multiprocessors:
+            return None
     threads, wanted = block, _spread_blocks(device)
     if wanted and blocks < wanted and rounds > 1:
         # A small input's blocks take one round each before they lose warps: measured on an H200 (%

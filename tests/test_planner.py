@@ -341,10 +341,10 @@ def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtyp
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_small_packed_inputs_take_one_round_a_block_and_twenty_columns(monkeypatch, device):
+def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_reads_poorly(monkeypatch, device):
     """Under the small-input rules a packed grid short of SMALL_INPUT_BLOCKS_PER_SM blocks a
     multiprocessor gives each block one round (PACKED_ROUNDS where the grid is large enough), and
-    rows of 20 16-bit columns, kept off the staged tiers there, are packed on any grid."""
+    the rows those rules keep off the staged tiers are packed as the register tier would take them."""
     set_small_input_rules(monkeypatch, True)
     wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
     for cols, nbytes in ((5, 3 << 20), (7, 8 << 20), (20, 256 << 10), (20, 1 << 20), (5, 256 << 20)):
@@ -357,9 +357,28 @@ def test_small_packed_inputs_take_one_round_a_block_and_twenty_columns(monkeypat
         rounds = ceil(groups / (launch.grid * per_round))
         two = p.notes["stages"] == 2 and ceil(groups / (planner.PACKED_THREADS * planner.PACKED_ROUNDS)) >= wanted
         assert rounds == (planner.PACKED_ROUNDS if two else 1), (cols, nbytes, launch, rounds)
-    # 20 columns: the small-input rules off, such a grid is left to the register tier
+    # rows the register tier would take as scalars (16-bit 18 and 28 columns) are packed on any grid,
+    # rows it takes as partial vectors (36 and 44) from PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM
+    # groups a multiprocessor on, rows of whole vectors (56, 64) under the floors of larger inputs
+    for cols in (18, 28):
+        assert plan(RowProblem("float16", "softmax", 100, cols), device).tier == "packed", cols
+    least = planner.PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM * device.multiprocessors
+    for cols in (36, 44):
+        per_group = int(np.lcm(cols, 8))
+        rows = least * per_group // cols
+        assert rows * cols * 2 < SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
+        enough = plan(RowProblem("float16", "softmax", rows, cols), device)
+        fewer = plan(RowProblem("float16", "softmax", rows - per_group // cols, cols), device)
+        assert (enough.tier, fewer.tier) == ("packed", "warp"), (cols, enough.tier, fewer.tier)
+    for cols in (56, 64):  # 100 groups a multiprocessor: over the partial vectors' least, under the floor
+        rows = 100 * device.multiprocessors * int(np.lcm(cols, 8)) // cols
+        assert least < 100 * device.multiprocessors
+        assert 100 < planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * planner.PACKED_THREADS  # one round a block
+        assert plan(RowProblem("float16", "softmax", rows, cols), device).tier == "warp", cols
+    # 20 and 18 columns: the small-input rules off, such a grid is left to the staged or register tier
     set_small_input_rules(monkeypatch, False)
     assert plan(RowProblem("float16", "softmax", (256 << 10) // 40, 20), device).tier != "packed"
+    assert plan(RowProblem("float16", "softmax", 100, 18), device).tier != "packed"
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
