@@ -633,7 +633,7 @@ PACKED_UNSTAGED_SMALL_GRID_MOST_VALUES = 40
 #: (90-110 groups) 36 columns 90-99 -> 107-111 and 44 level, at 3-6 MiB 64-91 -> 94-107.
 PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM = 96
 #: values of a group above which it is widened a row at a time (kPackedWidenedMost: 16-bit rows of
-#: 9, 11 and 13 columns, 72-104 values a thread)
+#: 9, 11, 13, 18, 36 and 44 columns, 72-104 values a thread)
 PACKED_WIDENED_MOST = 64
 #: threads per block of those groups (their shared memory: two tiles of threads x 144-208 bytes).
 #: Measured on an H200 (% of the copy, two runs, 16-bit rows of 9, 11 and 13 columns at 12-256 MiB)

@@ -762,15 +762,15 @@ const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREA
 // groups keep one tile: the loop that can take two cost them 8-16 registers a thread (32 -> 40-48).
 const int kPackedTwoTilesAbove = 32;
 // Groups of up to this many values are widened whole, then taken a row at a time; larger ones
-// (16-bit rows of 9, 11 and 13 columns: 72-104 values) stay as stored and are widened a row at a
-// time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256 threads a
+// (16-bit rows of 9, 11, 13, 18, 36 and 44 columns: 72-104 values) stay as stored and are widened
+// a row at a time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256 threads a
 // multiprocessor at 13 columns); a row at a time, under packed_min_blocks' bound, 55-71 with no spill.
 const int kPackedWidenedMost = 64;
 // The groups widened a row at a time compile for three blocks of kPackedThreads a multiprocessor
 // (at most 85 registers a thread). Without the bound nvcc gave them 32-40 registers and less overlap
 // of a group's reads with its arithmetic: on an H200, 16-bit 13 columns at 8 and 64 MiB 2-5 points
 // of the copy slower, 9 and 11 columns level.
-template <typename T, int COLS, int VEC> constexpr int packed_min_blocks() {
+template <int COLS, int VEC> constexpr int packed_min_blocks() {
   return COLS / Gcd<COLS, VEC>::value * VEC > kPackedWidenedMost ? 3 : 0;
 }
 template <typename T, int VEC, int N>
@@ -861,24 +861,24 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
 #pragma unroll
           for (int s = r * COLS / VEC; s < (r + 1) * COLS / VEC; ++s) group[s ^ flip] = raw[s];
         }
-        continue;
-      }
-      C v[GROUP * VEC];
+      } else {
+        C v[GROUP * VEC];
 #pragma unroll
-      for (int s = 0; s < GROUP; ++s) {
-        if (first + s < span.slots) {
-          widen(group[s ^ flip], v + s * VEC);
-        } else {
+        for (int s = 0; s < GROUP; ++s) {
+          if (first + s < span.slots) {
+            widen(group[s ^ flip], v + s * VEC);
+          } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+            for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+          }
         }
-      }
 #pragma unroll
-      for (int r = 0; r < GROUP * VEC / COLS; ++r) softmax_in_registers<OP, T, 1, COLS>(v + r * COLS, safe != 0);
+        for (int r = 0; r < GROUP * VEC / COLS; ++r) softmax_in_registers<OP, T, 1, COLS>(v + r * COLS, safe != 0);
 #pragma unroll
-      for (int s = 0; s < GROUP; ++s) {
+        for (int s = 0; s < GROUP; ++s) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) group[s ^ flip].v[j] = from_compute<T>(v[s * VEC + j]);
+          for (int j = 0; j < VEC; ++j) group[s ^ flip].v[j] = from_compute<T>(v[s * VEC + j]);
+        }
       }
     }
     PS_SYNC();
@@ -2095,7 +2095,7 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 
 #define PS_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kPackedThreads, (ps::packed_min_blocks<T, C, V>()))      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kPackedThreads, (ps::packed_min_blocks<C, V>()))         \
   ps_packed_##DT##_##OPN##_c##C##_v##V(                                                            \
       const T* x, T* y, ps::i64 rows, int safe, int stages) {                                        \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
