@@ -226,6 +226,11 @@ def choose_vec(p: RowProblem) -> int:
     return widest if same_base and same_step and not short_unaligned else 1
 
 
+def register_vec(p: RowProblem, warp: int) -> int:
+    """The vector width of the register tier's (and the block tiers') slots of these rows."""
+    return 1 if scalar_rows(p, warp) else choose_vec(p)
+
+
 def slots_needed(p: RowProblem, vec: int) -> int:
     """Slots covering the longest row, counting its unaligned head."""
     xs, _ = p.strides()
@@ -355,6 +360,12 @@ SMALL_INPUT_BLOCKS_PER_SM = 4.0
 #: but 16-bit 200 and 513 columns 91-93 -> 71-85. So inputs under 8 MiB.
 SMALL_INPUT_UNSTAGED_BYTES = 8 << 20
 SMALL_INPUT_UNSTAGED_MIN_COLS = 16
+
+
+def _unstaged(p: RowProblem) -> bool:
+    """Whether the small-input rules keep these rows off the staged tiers (SMALL_INPUT_UNSTAGED_BYTES)."""
+    return (p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
+            and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
 
 
 def _spread_blocks(device: DeviceProfile) -> int:
@@ -673,11 +684,9 @@ def _plan_packed(p: RowProblem, device: DeviceProfile) -> Plan | None:
     rounds = PACKED_ROUNDS if stages > 1 else 1
     groups = ceil((p.x_misalign % vec + p.rows * p.cols) / per_thread)
     blocks = ceil(groups / (block * depth * rounds))
-    unstaged = (p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
-                and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
+    unstaged = _unstaged(p)
     if unstaged and p.cols % vec != 0:  # the register tier's rows would be scalars or partial vectors
-        register_scalar = scalar_rows(p, device.warp_size) or choose_vec(p) == 1
-        if (not register_scalar and per_thread > PACKED_TWO_TILES_ABOVE
+        if (register_vec(p, device.warp_size) > 1 and per_thread > PACKED_TWO_TILES_ABOVE
                 and groups < PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM * device.multiprocessors):
             return None
     else:
@@ -842,15 +851,15 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile) -> Plan:
 def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    small = p.rows * p.cols * V.DTYPES[p.dtype][2] < SMALL_INPUT_UNSTAGED_BYTES
+    unstaged = _unstaged(p)
     for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
-        if small and tier is not _plan_packed and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS:
+        if unstaged and tier is not _plan_packed:
             continue
         the_plan = tier(p, device)
         if the_plan is not None:
             return the_plan
     warp = device.warp_size
-    vec = 1 if scalar_rows(p, warp) else choose_vec(p)
+    vec = register_vec(p, warp)
     slots = slots_needed(p, vec)
     xs, ys = p.strides()
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))

@@ -763,8 +763,9 @@ const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREA
 const int kPackedTwoTilesAbove = 32;
 // Groups of up to this many values are widened whole, then taken a row at a time; larger ones
 // (16-bit rows of 9, 11, 13, 18, 36 and 44 columns: 72-104 values) stay as stored and are widened
-// a row at a time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256 threads a
-// multiprocessor at 13 columns); a row at a time, under packed_min_blocks' bound, 55-71 with no spill.
+// a row at a time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256
+// threads a multiprocessor at 13 columns); a row at a time, under packed_min_blocks' bound, 55-71
+// with no spill.
 const int kPackedWidenedMost = 64;
 // The groups widened a row at a time compile for three blocks of kPackedThreads a multiprocessor
 // (at most 85 registers a thread). Without the bound nvcc gave them 32-40 registers and less overlap

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from math import ceil
+from math import ceil, lcm
 
-import numpy as np
 import pytest
 from checks import SMALL_INPUT_RULES, set_small_input_rules
 
@@ -328,7 +327,7 @@ def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtyp
     vec = V.vector_widths(dtype)[1]
     least = planner.PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors
     for cols in (9, 11, 13):
-        per_group = int(np.lcm(cols, vec))
+        per_group = lcm(cols, vec)
         assert per_group > planner.PACKED_WIDENED_MOST and cols in V.packed_cols(dtype)
         enough = plan(RowProblem(dtype, "softmax", least * per_group // cols, cols), device)
         fewer = plan(RowProblem(dtype, "softmax", least * per_group // cols - per_group // cols, cols), device)
@@ -353,7 +352,7 @@ def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_r
         assert p.tier == "packed", (cols, nbytes, p.tier)
         (launch,) = p.launches
         groups = ceil(rows * cols / p.notes["values_per_thread"])
-        per_round = launch.block * (p.notes["values_per_thread"] // int(np.lcm(cols, 8)))
+        per_round = launch.block * (p.notes["values_per_thread"] // lcm(cols, 8))
         rounds = ceil(groups / (launch.grid * per_round))
         two = p.notes["stages"] == 2 and ceil(groups / (planner.PACKED_THREADS * planner.PACKED_ROUNDS)) >= wanted
         assert rounds == (planner.PACKED_ROUNDS if two else 1), (cols, nbytes, launch, rounds)
@@ -364,14 +363,14 @@ def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_r
         assert plan(RowProblem("float16", "softmax", 100, cols), device).tier == "packed", cols
     least = planner.PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM * device.multiprocessors
     for cols in (36, 44):
-        per_group = int(np.lcm(cols, 8))
+        per_group = lcm(cols, 8)
         rows = least * per_group // cols
         assert rows * cols * 2 < SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
         enough = plan(RowProblem("float16", "softmax", rows, cols), device)
         fewer = plan(RowProblem("float16", "softmax", rows - per_group // cols, cols), device)
         assert (enough.tier, fewer.tier) == ("packed", "warp"), (cols, enough.tier, fewer.tier)
     for cols in (56, 64):  # 100 groups a multiprocessor: over the partial vectors' least, under the floor
-        rows = 100 * device.multiprocessors * int(np.lcm(cols, 8)) // cols
+        rows = 100 * device.multiprocessors * lcm(cols, 8) // cols
         assert least < 100 * device.multiprocessors
         assert 100 < planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * planner.PACKED_THREADS  # one round a block
         assert plan(RowProblem("float16", "softmax", rows, cols), device).tier == "warp", cols
