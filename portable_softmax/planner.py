@@ -442,7 +442,8 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
         return None
     threads = max(device.warp_size, STAGED_THREADS)
     return _staged_plan(p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
-                        _group_tile_rows(p, device, vec, threads, device.warp_size), vec, device.warp_size)
+                        _group_tile_rows(p, device, vec, threads, device.warp_size,
+                                         bytes_per_thread=STAGED_WARP_BYTES_PER_THREAD), vec, device.warp_size)
 
 
 def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
@@ -452,7 +453,7 @@ def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
 
 
 def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int,
-                     stride: int | None = None, bytes_per_thread: int = STAGED_WARP_BYTES_PER_THREAD) -> int:
+                     stride: int | None = None, *, bytes_per_thread: int) -> int:
     """Rows of a step of a staged tier whose rows a group of `lanes` lanes takes: about
     `bytes_per_thread` a thread, a whole number a group (0 where a row a group does not fit)."""
     groups = threads // lanes
@@ -536,6 +537,12 @@ STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
 #: 96-100 -> 90-94 in the default command); the gains had 13-22 KiB (16-bit rows of 100-124
 #: columns: 64 rows of 13-16 KiB instead of 96, +2 to +5 at 64 MiB, level at 256 MiB).
 STAGED_GROUP_BYTES_PER_THREAD = 64
+#: bytes of the span a thread of the padded staged groups moves per step (see above). Measured on
+#: an H200 (same process, two runs, % of the copy, 2026-11-25), 128 -> 64 / 192: 16-bit 128 columns
+#: at 64 MiB 86-87 -> 87-89 / 84-85, at 128-256 MiB 91-94 -> 89-91 / 89-94; 256 columns 91-95 ->
+#: 91-96 / 82-86 at 64 MiB (tiles of 32 rows either way), 95-96 -> 95-96 / 92-93 at 256 MiB.
+#: Blocks of 64 threads (tiles of half the rows) level.
+STAGED_GROUP_PADDED_BYTES_PER_THREAD = STAGED_WARP_BYTES_PER_THREAD
 STAGED_GROUP_MIN_TILE_BYTES = 12 * 1024
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
 SHARED_BANKS = 32
@@ -596,9 +603,11 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         interleave = min(ways, key=ways.get)  # the first of the orders sharing the fewest banks
         if ways[interleave] > STAGED_GROUP_MAX_WAYS:
             interleave = None
-        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride)
+        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride, bytes_per_thread=(
+            STAGED_GROUP_PADDED_BYTES_PER_THREAD if row_shift >= 0 else STAGED_WARP_BYTES_PER_THREAD))
         if row_shift < 0:  # unpadded: the smaller tile where it still holds STAGED_GROUP_MIN_TILE_BYTES
-            smaller = _group_tile_rows(p, device, vec, threads, lanes, stride, STAGED_GROUP_BYTES_PER_THREAD)
+            smaller = _group_tile_rows(p, device, vec, threads, lanes, stride,
+                                       bytes_per_thread=STAGED_GROUP_BYTES_PER_THREAD)
             if smaller * stride * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
                 tile_rows = smaller
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
