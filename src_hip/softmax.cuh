@@ -268,8 +268,9 @@ template <int width, typename C> PS_DEVICE C sum_over_lanes(C v) {
 // ---- a row held in registers --------------------------------------------------
 // N values in each of LANES consecutive lanes (LANES = 1: one thread holds the row). The
 // max over the group comes first, then d = sum exp(x - m): one exp per element and no exp
-// in the shuffles. Softmax keeps each exp, so its output is a multiply. Every lane of the
-// group takes part, also for rows past the end (their outputs are not stored).
+// in the shuffles. Softmax keeps each exp, so its output is a multiply; log-softmax keeps
+// each x - m, so its output is a subtraction. Every lane of the group takes part, also for
+// rows past the end (their outputs are not stored).
 template <int OP, typename T, int LANES, int N>
 PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) {
   typedef typename compute_of<T>::type C;
@@ -287,12 +288,11 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   for (int j = 0; j < N; ++j) m = ps_max_nan(m, v[j]);
   m = max_over_lanes<LANES>(m);
   C d = C(0);
-  auto sum_exps = [&](const auto& exp_of) {
+  auto sum_exps = [&](const auto& exp_of) {  // softmax: each value becomes its exp
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const C e = exp_of(v[j]);
-      d += e;
-      if (OP == kSoftmax) v[j] = e;
+      v[j] = exp_of(v[j]);
+      d += v[j];
     }
   };
   if constexpr (OP == kSoftmax) {
@@ -311,7 +311,13 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
       sum_exps(ExpMinus<C>(shift));
     }
   } else if (m != ps_neg_inf<C>()) {
-    sum_exps(ExpMinus<C>(m));
+    // Log-softmax keeps x - m (its output is (x - m) - log d), so each difference is taken once.
+    const ExpMinus<C> exp_of(C(0));
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      v[j] -= m;
+      d += exp_of(v[j]);
+    }
   }
   MD<C> md = {m, sum_over_lanes<LANES>(d)};
   const RowFinish<OP, T> f(md, safe);
@@ -319,9 +325,12 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
     const C scale = f.empty ? f.empty_value() : f.scale;
 #pragma unroll
     for (int j = 0; j < N; ++j) v[j] *= scale;
+  } else if (m != ps_neg_inf<C>()) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] -= f.log_d;
   } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = f(v[j]);
+    for (int j = 0; j < N; ++j) v[j] = f(v[j]);  // an empty row: NaN, as RowFinish says
   }
 }
 
