@@ -761,6 +761,19 @@ BLOCK_TIER_WHOLE_SM = True
 ROW_REGISTERS = True
 ROW_REGISTER_SLOTS = 8
 ROW_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["block_registers"]  # the kernels' launch bound
+#: rows past the block tier's half of a multiprocessor's shared memory that two blocks a
+#: multiprocessor still hold, each with ROW_REGISTER_SLOTS slots a thread of half
+#: ROW_REGISTERS_THREADS in registers and the rest in shared memory, take block_rows_registers so,
+#: two rows a multiprocessor, ahead of a block alone on its multiprocessor: a block alone leaves
+#: its multiprocessor's loads idle while it reduces and stores, and with few rows a wave (64 MiB
+#: inputs) the blocks of the device keep in step. The launch bound's 64 registers a thread let two
+#: blocks of half its threads share a multiprocessor's 64K registers. Measured on an H200 (same
+#: process, two runs, % of the copy, 2026-11-25), against the block alone: float32 32000-40000
+#: columns 82-89 -> 93-99 at 64 MiB and 93-95 -> 95-96 at 256 MiB, 45000 columns 86-87 -> 90-91 /
+#: 92-93 -> 92-94; 16-bit 65536-90000 columns 75-83 -> 85-93 / 84-91 -> 91-97. Rows that one such
+#: block a multiprocessor holds (float32 50257 and 65536, 16-bit 100000 columns) measured level to 4
+#: slower at 512 threads, so they keep their plans.
+ROW_REGISTERS_PAIRED = True
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
 CACHED_THREADS = 256
@@ -916,6 +929,26 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if clustered is not None:
             return clustered
 
+    def registers_plan(threads: int, blocks_per_multiprocessor: int) -> Plan | None:
+        """A block a row, the row's first ROW_REGISTER_SLOTS slots a thread in registers and the rest
+        in shared memory, where that many blocks a multiprocessor hold it (None elsewhere)."""
+        if not (ROW_REGISTERS and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device) and not few_rows
+                and device.max_threads_per_block >= ROW_REGISTERS_THREADS):
+            return None
+        held = min(ROW_REGISTER_SLOTS * threads, slots - 1)  # the last slot: in the cache
+        shared = (slots - held) * vec * itemsize
+        if (shared + static_bytes > device.shared_mem_per_block_optin
+                or blocks_per_multiprocessor * (shared + static_bytes) > device.shared_mem_per_multiprocessor):
+            return None
+        launch = Launch(V.block_registers_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads,
+                        shared, row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+        return Plan("block_registers", (launch,), notes={**notes, "held_slots": held})
+
+    # Rows that two blocks a multiprocessor hold with their first slots in registers (ROW_REGISTERS_PAIRED).
+    paired = registers_plan(ROW_REGISTERS_THREADS // 2, 2) if ROW_REGISTERS_PAIRED else None
+    if paired is not None:
+        return paired
+
     # A row that one block's shared memory holds: a block per row, alone on its multiprocessor (its
     # slots, more than half a multiprocessor's shared memory holds, take BLOCK_TIER_MAX_THREADS).
     if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows
@@ -924,15 +957,9 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     # Longer rows that one block holds in its shared memory and its threads' registers: a block a
     # row alone on its multiprocessor, the row's first slots in registers.
-    if (ROW_REGISTERS and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device) and not few_rows
-            and device.max_threads_per_block >= ROW_REGISTERS_THREADS):
-        held = min(ROW_REGISTER_SLOTS * ROW_REGISTERS_THREADS, slots - 1)  # the last slot: in the cache
-        shared = (slots - held) * vec * itemsize
-        if shared + static_bytes <= device.shared_mem_per_block_optin:
-            launch = Launch(V.block_registers_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device),
-                            ROW_REGISTERS_THREADS, shared, row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
-            notes.update(held_slots=held)
-            return Plan("block_registers", (launch,), notes=notes)
+    alone = registers_plan(ROW_REGISTERS_THREADS, 1)
+    if alone is not None:
+        return alone
 
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).

@@ -546,10 +546,12 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
     whose grid holds 3 blocks (blocks take row after row): the shortest such rows (most slots in
     registers past the row, read as -inf), and rows one slot past the registers and longer (the
     last slot always in shared memory), starting on a vector and one element into it (the first
-    held slot partial). Blocks of 256 threads, not the planner's 1024: the kernel holds
+    held slot partial). Blocks of 256 threads, and 128 where two such blocks share a
+    multiprocessor (ROW_REGISTERS_PAIRED), not the planner's 1024 and 512: the kernel holds
     kRowRegisterSlots a thread at any block size, and every emulated thread keeps a fiber stack
     mapped per host thread."""
     monkeypatch.setattr(planner, "ROW_REGISTERS_THREADS", 256)
+    block_sizes = set()
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS
     vec = 16 // V.DTYPES[dtype][2]
@@ -566,9 +568,11 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
                     problem = RowProblem(dtype, op, 7, cols, safe=safe, x_misalign=offset, y_misalign=offset)
                     the_plan = plan(problem, device)
                     assert the_plan.tier == "block_registers" and the_plan.launches[0].grid == 3, (cols, the_plan)
+                    block_sizes.add(the_plan.launches[0].block)
                     got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
                     assert_close(got, x, 1, op, safe,
                                  f"warp {warp} {dtype} {op} safe={safe} (7, {cols}) offset {offset} block_registers")
+    assert block_sizes == {128, 256}, "both the paired blocks and the blocks alone ran"
 
 
 @pytest.mark.parametrize("copies", ["sync", "async"])

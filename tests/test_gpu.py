@@ -265,14 +265,17 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
                                                ("bfloat16", 120011, "cached_registers"),
                                                ("float32", 50257, "cluster"), ("float32", 50257, "block"),
                                                ("float32", 65537, "block_registers"),
-                                               ("bfloat16", 131071, "block_registers")])
+                                               ("bfloat16", 131071, "block_registers"),
+                                               ("float32", 40001, "block_registers"),
+                                               ("bfloat16", 80001, "block_registers")])
 def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatch, dtype, cols, tier):
     """Rows too long for half a multiprocessor's shared memory, contiguous and as views whose rows
     start at varying misalignments (partial head and tail slots), with NaN, +inf and -inf rows:
     blocks that merge through global memory, each taking several rows in turn (cached; where copies
     are asynchronous also cached_registers, each chunk's first slots in registers), a cluster of
     blocks per row (cluster, sm_90+), and a block alone on its multiprocessor per row (block, where
-    copies are asynchronous; block_registers, with the row's first slots in registers)."""
+    copies are asynchronous; block_registers, with the row's first slots in registers, and the
+    shorter of those rows two blocks of half the threads a multiprocessor)."""
     from portable_softmax import api, planner
 
     torch = _torch_cuda()
@@ -307,6 +310,9 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             the_plan = _plan_of(v)
             step = the_plan.launches[0]
             assert the_plan.tier == tier, (name, the_plan)
+            if tier == "block_registers":  # 40001 and 80001 columns: two blocks a multiprocessor
+                paired = cols < 100000
+                assert step.block == planner.ROW_REGISTERS_THREADS // (2 if paired else 1), (name, the_plan)
             if tier == "cached":
                 assert ("held_slots" in the_plan.notes) == held, (name, the_plan)
                 grid = rt.resident_grid(rt.function(0, dtype, step.kernel, step.shared_mem), step, 0)

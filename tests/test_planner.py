@@ -89,9 +89,18 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             (launch,) = p.launches
             held, slots, vec = p.notes["held_slots"], p.notes["slots"], p.notes["vec"]
             assert held == min(planner.ROW_REGISTER_SLOTS * launch.block, slots - 1)
-            assert launch.block == planner.ROW_REGISTERS_THREADS and launch.grid == min(rows, device.max_grid_x)
+            assert launch.grid == min(rows, device.max_grid_x)
             assert launch.shared_mem == (slots - held) * vec * V.DTYPES[dtype][2]
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
+            # half the launch bound's threads where two such blocks share a multiprocessor, else all
+            # (the static scratch of each block, and the 1 KiB the runtime reserves, beside the cache)
+            half = planner.ROW_REGISTERS_THREADS // 2
+            half_cache = (slots - min(planner.ROW_REGISTER_SLOTS * half, slots - 1)) * vec * V.DTYPES[dtype][2]
+            if launch.block == half:
+                assert 2 * launch.shared_mem < device.shared_mem_per_multiprocessor
+            else:
+                assert launch.block == planner.ROW_REGISTERS_THREADS
+                assert 2 * (half_cache + static + 1024) > device.shared_mem_per_multiprocessor
         if p.tier in ("split", "cached"):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
             assert dict(p.scratch)["partials"] >= 2 * rows * p.notes["chunks"] * 4
@@ -551,8 +560,9 @@ def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
                          shared_mem_per_multiprocessor=164 * 1024)
     assert not has_clusters(a100)
     assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"  # no cluster
-    # as committed, no dtype goes to clusters: a block alone on its multiprocessor takes these rows
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block"
+    # as committed, no dtype goes to clusters: blocks that wait on no other take these rows (two a
+    # multiprocessor, their first slots in registers)
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block_registers"
     monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2,))
     plan.cache_clear()
     p = plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"])
@@ -567,8 +577,8 @@ def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
 
 def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asynchronous():
     h100 = PROFILES["h100"]
-    for dtype, cols in (("float32", 32000), ("float32", 50257), ("bfloat16", 60000), ("bfloat16", 80000),
-                        ("bfloat16", 100000), ("float16", 113000)):
+    for dtype, cols in (("float32", 45300), ("float32", 50257), ("bfloat16", 90600), ("bfloat16", 100000),
+                        ("float16", 113000)):
         p = plan(RowProblem(dtype, "softmax", 4096, cols), h100)
         (launch,) = p.launches
         itemsize = V.DTYPES[dtype][2]
@@ -581,6 +591,37 @@ def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asyn
     assert plan(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "block_registers"
     # loads through registers (AMD) keep the split
     assert plan(RowProblem("float32", "softmax", 4096, 12000), PROFILES["mi300x"]).tier == "cached"
+
+
+def test_rows_two_blocks_hold_with_their_first_slots_in_registers_pair_up(monkeypatch):
+    """Rows past half a multiprocessor's shared memory that two blocks of half the launch bound's
+    threads hold, each with its first slots in registers: block_registers at 512 threads, two a
+    multiprocessor; rows one such block a multiprocessor holds keep a block alone."""
+    h100 = PROFILES["h100"]
+    threads = planner.ROW_REGISTERS_THREADS // 2
+    capacity = planner.ROW_REGISTER_SLOTS * threads
+    for dtype, cols in (("float32", 29000), ("float32", 32000), ("float32", 40000), ("float32", 45000),
+                        ("bfloat16", 58000), ("bfloat16", 65536), ("float16", 80000), ("float16", 90000)):
+        p = plan(RowProblem(dtype, "log_softmax", 2000, cols), h100)
+        (launch,) = p.launches
+        vec = 16 // V.DTYPES[dtype][2]
+        assert p.tier == "block_registers" and launch.block == threads and launch.grid == 2000, (dtype, cols, p)
+        assert p.notes["held_slots"] == capacity and launch.shared_mem == (cols // vec - capacity) * 16
+        assert launch.kernel == V.block_registers_name(dtype, "log_softmax", 32, vec)
+        assert 2 * launch.shared_mem < h100.shared_mem_per_multiprocessor
+    # half a multiprocessor's shared memory holds the row: the block tier, two blocks a multiprocessor
+    assert plan(RowProblem("float32", "softmax", 2000, 28000), h100).tier == "block"
+    # one such block a multiprocessor: a block alone (shared memory), or the launch bound's threads
+    assert plan(RowProblem("float32", "softmax", 2000, 45300), h100).tier == "block"
+    alone = plan(RowProblem("float32", "softmax", 2000, 65536), h100)
+    assert alone.tier == "block_registers" and alone.launches[0].block == planner.ROW_REGISTERS_THREADS
+    # few rows are spread over more blocks; loads through registers (AMD) keep the split
+    assert plan(RowProblem("float32", "softmax", 100, 32000), h100).tier == "cached"
+    assert plan(RowProblem("float32", "softmax", 2000, 32000), PROFILES["mi300x"]).tier == "cached"
+    monkeypatch.setattr(planner, "ROW_REGISTERS_PAIRED", False)
+    plan.cache_clear()
+    assert plan(RowProblem("float32", "softmax", 2000, 32000), h100).tier == "block"
+    plan.cache_clear()  # plans made under the knob
 
 
 def test_rows_past_a_block_and_within_its_registers_go_alone_on_a_multiprocessor():
