@@ -311,7 +311,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             step = the_plan.launches[0]
             assert the_plan.tier == tier, (name, the_plan)
             if tier == "block_registers":  # 40001 and 80001 columns: two blocks a multiprocessor
-                paired = cols < 100000
+                paired = cols in (40001, 80001)
                 assert step.block == planner.ROW_REGISTERS_THREADS // (2 if paired else 1), (name, the_plan)
             if tier == "cached":
                 assert ("held_slots" in the_plan.notes) == held, (name, the_plan)
