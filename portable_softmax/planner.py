@@ -929,9 +929,12 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if clustered is not None:
             return clustered
 
-    def registers_plan(threads: int, blocks_per_multiprocessor: int) -> Plan | None:
-        """A block a row, the row's first ROW_REGISTER_SLOTS slots a thread in registers and the rest
-        in shared memory, where that many blocks a multiprocessor hold it (None elsewhere)."""
+    def registers_plan(threads: int) -> Plan | None:
+        """A block a row of `threads` threads, the row's first ROW_REGISTER_SLOTS slots a thread in
+        registers and the rest in shared memory, where as many such blocks as the launch bound's
+        registers keep on a multiprocessor (ROW_REGISTERS_THREADS / threads) hold it there (None
+        elsewhere)."""
+        blocks_per_multiprocessor = ROW_REGISTERS_THREADS // threads
         if not (ROW_REGISTERS and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device) and not few_rows
                 and device.max_threads_per_block >= ROW_REGISTERS_THREADS):
             return None
@@ -945,7 +948,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         return Plan("block_registers", (launch,), notes={**notes, "held_slots": held})
 
     # Rows that two blocks a multiprocessor hold with their first slots in registers (ROW_REGISTERS_PAIRED).
-    paired = registers_plan(ROW_REGISTERS_THREADS // 2, 2) if ROW_REGISTERS_PAIRED else None
+    paired = registers_plan(ROW_REGISTERS_THREADS // 2) if ROW_REGISTERS_PAIRED else None
     if paired is not None:
         return paired
 
@@ -957,7 +960,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     # Longer rows that one block holds in its shared memory and its threads' registers: a block a
     # row alone on its multiprocessor, the row's first slots in registers.
-    alone = registers_plan(ROW_REGISTERS_THREADS, 1)
+    alone = registers_plan(ROW_REGISTERS_THREADS)
     if alone is not None:
         return alone
 
