@@ -44,7 +44,10 @@ class DeviceArray:
     def empty(self, shape):  # an output of the caller's library, C-contiguous
         raise NotImplementedError
 
-    def scratch(self, nbytes: int):  # (pointer, keep-alive object) of zeroed device memory
+    def scratch(self, nbytes: int, zeroed: bool = True):  # (pointer, keep-alive object) of device memory
+        raise NotImplementedError
+
+    def capturing(self) -> bool:  # whether the current stream is capturing a graph
         raise NotImplementedError
 
     def stream(self) -> int:
@@ -88,9 +91,13 @@ class TorchDevice(DeviceArray):
     def empty(self, shape):
         return self.torch.empty(shape, dtype=self.array.dtype, device=self.array.device)
 
-    def scratch(self, nbytes):
-        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.array.device)
+    def scratch(self, nbytes, zeroed=True):
+        make = self.torch.zeros if zeroed else self.torch.empty
+        buf = make(nbytes, dtype=self.torch.uint8, device=self.array.device)
         return buf.data_ptr(), buf
+
+    def capturing(self):
+        return self.torch.cuda.is_current_stream_capturing()
 
     def stream(self):
         return torch_current_stream(self.torch, self.device_index)
@@ -119,10 +126,16 @@ class CupyDevice(DeviceArray):
         with self.cupy.cuda.Device(self.device_index):
             return self.cupy.empty(shape, dtype=self.array.dtype)
 
-    def scratch(self, nbytes):
+    def scratch(self, nbytes, zeroed=True):
         with self.cupy.cuda.Device(self.device_index):
-            buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
+            buf = (self.cupy.zeros if zeroed else self.cupy.empty)(nbytes, dtype=self.cupy.uint8)
         return buf.data.ptr, buf
+
+    def capturing(self):
+        with self.cupy.cuda.Device(self.device_index):
+            stream = self.cupy.cuda.get_current_stream()
+        is_capturing = getattr(stream, "is_capturing", None)  # CuPy 10 and newer
+        return bool(is_capturing()) if is_capturing is not None else False
 
     def stream(self):
         return self.cupy.cuda.get_current_stream(self.device_index).ptr

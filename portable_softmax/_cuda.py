@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -156,8 +157,9 @@ class CudaRuntime:
     def _describe_error(self, code: int) -> str:
         return str(self.driver.CUDADriverError(code))  # "CUDA_ERROR_...: text", from the driver
 
-    def prepare(self, plan: Plan, dtype: str, device: int):
-        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream).
+    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None):
+        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream). ``buffers`` holds
+        the addresses of the plan's scratch buffers, which every call uses.
 
         It launches from C (``_fastlaunch``) where that module is built, else from Python; either
         way it first makes ``device`` current if it is not.
@@ -168,7 +170,8 @@ class CudaRuntime:
             functions.append(fn)
             grids.append(self.resident_grid(fn, step, device))
         current_device = self.current_device
-        fast = compiled_launcher(self.launch_entry_point(), plan, functions, grids, describe=self._describe_error)
+        fast = compiled_launcher(self.launch_entry_point(), plan, functions, grids, buffers,
+                                 describe=self._describe_error)
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call
             if self.device_count == 1:
@@ -184,7 +187,7 @@ class CudaRuntime:
 
         steps = []
         for step, fn, grid in zip(plan.launches, functions, grids):
-            packed = PackedArgs(step.args, {"x": 0, "y": 0})
+            packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
             steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))

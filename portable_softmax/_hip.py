@@ -22,6 +22,7 @@ import struct
 import tempfile
 import threading
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -546,8 +547,9 @@ class HipRuntime:
         except Exception:  # a code hip-python does not know
             return error_name(code)
 
-    def prepare(self, plan: Plan, dtype: str, device: int):
-        """A launcher for repeat calls of one plan (no scratch): launcher(x_ptr, y_ptr, stream).
+    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None):
+        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream). ``buffers`` holds
+        the addresses of the plan's scratch buffers, which every call uses.
 
         It launches from C (``_fastlaunch``) where that module is built, else from Python; either
         way on ``device``, made current for the call where the process has several.
@@ -557,7 +559,7 @@ class HipRuntime:
         entry_point, fast = self.launch_entry_point(), None
         if entry_point:  # handles become integers only where a real runtime made them
             fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in prepared_steps],
-                                     [grid for _, grid, _ in prepared_steps], describe=self._describe_error)
+                                     [grid for _, grid, _ in prepared_steps], buffers, describe=self._describe_error)
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call
             if self.device_count == 1:
@@ -571,7 +573,7 @@ class HipRuntime:
 
         prepared = []
         for fn, grid, step in prepared_steps:
-            packed = PackedArgs(step.args, {"x": 0, "y": 0})
+            packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
             prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))

@@ -171,11 +171,10 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
         yl = describe(shape, target.strides, axis)
     problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, target.ptr)
     the_plan = plan(problem, rt.profile(src.device_index))
-    _launch(rt, src, the_plan, target.ptr)
-    if dst is None and not the_plan.scratch and src.array is original and _is_torch_cuda(original):
-        # Keyed by the axis as the caller wrote it: a repeat call need not normalise it.
-        _remember(original, axis if given_axis is None else given_axis, op, safe,
-                  rt.prepare(the_plan, src.dtype, src.device_index))
+    stream = src.stream()
+    _launch(rt, src, the_plan, target.ptr, stream)
+    if dst is None and src.array is original and _is_torch_cuda(original):
+        _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -183,15 +182,45 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     return src.result(target.array)
 
 
-def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int) -> None:
+def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> None:
     buffers = {"x": src.ptr, "y": y_ptr}
     keep = None
     if the_plan.scratch:
         nbytes, offsets = the_plan.scratch_layout()
-        base, keep = src.scratch(nbytes)  # one zero fill for every buffer
+        if not the_plan.scratch_zeroed:
+            base, keep = src.scratch(nbytes, zeroed=False)
+        elif src.capturing():  # a fill captured in a graph zeroes nothing until the graph runs
+            base, keep = src.scratch(nbytes)
+        else:
+            base = _zeroed_scratch(src, nbytes, stream)
         buffers.update((name, base + offset) for name, offset in offsets.items())
-    rt.launch(the_plan, src.dtype, buffers, src.stream(), src.device_index)
+    rt.launch(the_plan, src.dtype, buffers, stream, src.device_index)
     del keep  # stream-ordered allocators reuse scratch only after the launches above
+
+
+# ---- scratch zeroed once ------------------------------------------------------------------------
+# Plans whose launches find their scratch zero leave it zero (Plan.scratch_zeroed), so a buffer
+# zeroed once serves every later call on its stream: a call launches its kernel alone, without a
+# fill ahead of it (1-3 us of device time on an H200). One buffer per stream: launches on two
+# streams may run at once, and must not count in each other's scratch.
+_ZEROED_SCRATCH_MIN_BYTES = 64 << 10
+#: (vendor, device, stream) -> (pointer, bytes, keep-alive object)
+_zeroed: dict[tuple[str, int, int], tuple[int, int, Any]] = {}
+#: buffers outgrown by a larger call: launches queued before it may still use them, so they stay
+_outgrown: list[Any] = []
+
+
+def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int) -> int:
+    """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long."""
+    key = (src.vendor, src.device_index, stream)
+    held = _zeroed.get(key)
+    if held is None or held[1] < nbytes:
+        size = max(nbytes, _ZEROED_SCRATCH_MIN_BYTES, 2 * held[1] if held else 0)
+        pointer, keep = src.scratch(size)  # the fill is queued on `stream`, ahead of the launches
+        if held is not None:
+            _outgrown.append(held[2])
+        held = _zeroed[key] = (pointer, size, keep)
+    return held[0]
 
 
 # ---- the repeat-call path for torch CUDA tensors -------------------------------------------
@@ -221,11 +250,25 @@ def _prepared_key(x, axis, op, safe):
     return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
 
 
-def _remember(x, axis, op, safe, launcher) -> None:
+def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) -> None:
+    """Keep the launches of a torch tensor's call ready for repeat calls (keyed by the axis as the
+    caller wrote it: a repeat call need not normalise it). Launches with scratch get their own,
+    zeroed once and kept zero by the launches, and are kept for the stream they were made on."""
+    x = src.array
+    key = _prepared_key(x, axis, op, safe)
+    buffers, keep, bound_to = None, None, None
+    if the_plan.scratch:
+        if key in _prepared or src.capturing():
+            return  # kept for another stream; or a captured fill, which zeroes nothing now
+        nbytes, offsets = the_plan.scratch_layout()
+        base, keep = src.scratch(nbytes, zeroed=the_plan.scratch_zeroed)
+        buffers = {name: base + offset for name, offset in offsets.items()}
+        bound_to = stream
+    launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers)
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()
     # A contiguous input's empty_like is the contiguous output the launches were planned for.
-    _prepared[_prepared_key(x, axis, op, safe)] = (launcher, x.is_contiguous())
+    _prepared[key] = (launcher, x.is_contiguous(), bound_to, keep)
 
 
 def _run_prepared(x, axis, op, safe):
@@ -237,10 +280,13 @@ def _run_prepared(x, axis, op, safe):
     entry = _prepared.get((x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device))  # _prepared_key
     if entry is None:
         return None
-    launcher, contiguous = entry
+    launcher, contiguous, bound_to, _ = entry
+    stream = _current_stream(device)
+    if bound_to is not None and stream != bound_to:
+        return None  # its scratch belongs to another stream's launches
     # empty_like costs 2-3 us less than torch.empty(shape, ...); its plain form less than with a format
     y = _TORCH.empty_like(x) if contiguous else _TORCH.empty_like(x, memory_format=_TORCH.contiguous_format)
-    launcher(ptr, y.data_ptr(), _current_stream(device))
+    launcher(ptr, y.data_ptr(), stream)
     return y
 
 

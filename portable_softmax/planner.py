@@ -117,9 +117,13 @@ SCRATCH_ALIGN = 256
 class Plan:
     tier: str
     launches: tuple[Launch, ...]
-    #: zero-filled device scratch buffers (name, bytes) the launches address by name
+    #: device scratch buffers (name, bytes) the launches address by name
     scratch: tuple[tuple[str, int], ...] = ()
     notes: dict = field(default_factory=dict, compare=False)
+    #: True: the launches find their scratch zero and leave it zero (each count and published pair
+    #: cleared once its readers are past it), so one zero fill serves every later call on a stream;
+    #: False: they write every scratch byte before reading it, and it needs no fill
+    scratch_zeroed: bool = True
 
     @property
     def scratch_bytes(self) -> int:
@@ -1014,7 +1018,8 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
                        (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
                         (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
     notes.update(chunks=chunks, chunk_slots=chunk_slots)
-    return Plan("split", (partials, normalize), scratch=(("partials", 2 * jobs * compute_bytes),), notes=notes)
+    return Plan("split", (partials, normalize), scratch=(("partials", 2 * jobs * compute_bytes),), notes=notes,
+                scratch_zeroed=False)
 
 
 #: float32 and 16-bit rows too long for one block but within V.CLUSTER_SIZES chunks of a quarter

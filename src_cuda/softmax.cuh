@@ -1434,8 +1434,18 @@ PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks) {
   PS_THREAD_FENCE();
 }
 
+// After the last row (or tile) a block takes, once it has read that row's pairs: the block counts
+// its departure on the row's count, past the `counted` arrivals it holds (the blocks that wait on
+// the count: `blocks`; those that poll the pairs: 0). Whether this block is the row's last to
+// leave, which then clears the row's pairs and count (leave_last).
+PS_DEVICE bool depart_last(unsigned* arrivals, i64 blocks, i64 counted) {
+  return PS_ATOMIC_ADD(arrivals, 1u) == (unsigned)(blocks + counted - 1);
+}
+
 // The (m, d) pairs that the chunks of a row (or of a tile's position) publish to each other, in
-// scratch zeroed before the launch. A float pair is one 64-bit word, written with one store; a
+// scratch that is zero when the launch starts and that the launch leaves zero (each pair and count
+// cleared once every block that reads it is past the read: clear_behind, leave_last), so that one
+// zero fill serves every later launch on the stream. A float pair is one 64-bit word, written with one store; a
 // reader polls it until it is not zero, which a published pair never is (m = +0 comes with d >= 1,
 // d = 0 only with m = -inf). So a float pair needs no fence before its writer counts its arrival
 // (arrive_and_wait): the count says when to look, the word whether it has landed. A fence waits for
@@ -1463,6 +1473,14 @@ template <typename C> struct PublishedPairs {
       PS_PUBLISH_WORD(partials + 2 * slot, w.bits);
     }
   }
+  PS_DEVICE void clear(i64 slot) const {
+    if constexpr (kCounted) {
+      partials[2 * slot] = C(0);
+      partials[2 * slot + 1] = C(0);
+    } else {
+      PS_PUBLISH_WORD(partials + 2 * slot, 0ull);
+    }
+  }
   // Double pairs: read after their arrival is counted. Float pairs: waits until it has landed.
   PS_DEVICE MD<C> read(i64 slot) const {
     if constexpr (kCounted) {
@@ -1479,13 +1497,20 @@ template <typename C> struct PublishedPairs {
 // The (m, d) of a whole row from its chunks' partials: publish this block's, wait for the row's
 // other chunks, merge them all. One thread waits on the count while the others sit at a barrier:
 // threads polling the other chunks' pairs directly measured 2-4 points slower on these rows.
+// previous_row (or -1): the row these blocks took before, whose scratch this block clears here.
 template <int WARP, typename C>
 PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arrivals, i64 row, i64 chunk,
-                                        i64 chunks) {
+                                        i64 chunks, i64 previous_row) {
   const PublishedPairs<C> pairs{partials};
   if (PS_THREAD_X == 0) {
     pairs.publish(row * chunks + chunk, part);
     arrive_and_wait(arrivals + row, chunks);
+    // Every block of this row has arrived, so each has read the previous row's pairs: this block's
+    // pair of that row, and (chunk 0) its count, go back to zero.
+    if (previous_row >= 0) {
+      pairs.clear(previous_row * chunks + chunk);
+      if (chunk == 0) arrivals[previous_row] = 0u;
+    }
   }
   PS_SYNC();
   MD<C> md = md_identity<C>();
@@ -1532,7 +1557,8 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     } else {
       part = cache_chunk(rs, begin, end, cache, issued);
     }
-    const auto md = row_total_across_blocks<WARP>(md_reduce_block<WARP>(part), partials, arrivals, row, chunk, chunks);
+    const auto md = row_total_across_blocks<WARP>(md_reduce_block<WARP>(part), partials, arrivals, row, chunk, chunks,
+                                                  row >= rows_per_round ? row - rows_per_round : -1);
     const RowFinish<OP, T> f(md, safe != 0);
     const i64 next_row = row + rows_per_round < rows ? row + rows_per_round : row;  // row: no next row
     const RowSlots<T, VEC> next(x + next_row * x_stride, y + next_row * y_stride, cols);
@@ -1543,6 +1569,12 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
       if (held_loaded) in_registers.load(CachedChunk<T, VEC>(next, begin, clip(cached, next_slots)));
     }
     issued = store_and_prefetch(rs, cached, end, cache, f, next, next_row == row ? cached : next_slots);
+    if (next_row == row && PS_THREAD_X == 0 && depart_last(arrivals + row, chunks, chunks)) {
+      // The last row's pairs, read by every block of the row before it left: the scratch as found.
+      const PublishedPairs<typename compute_of<T>::type> pairs{partials};
+      for (i64 c = 0; c < chunks; ++c) pairs.clear(row * chunks + c);
+      arrivals[row] = 0u;
+    }
   }
 }
 
@@ -1912,6 +1944,13 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       part_d[s * width + q] = md.d;
     }
     PS_SYNC();
+    // Every chunk of this tile has published its pairs (counted, or read above), so each has read
+    // the previous tile's: this block's pairs of that tile, and (chunk 0) its count, back to zero.
+    if (tile >= tiles_per_round) {
+      const i64 previous = tile - tiles_per_round;
+      for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) pairs.clear((previous * chunks + chunk) * width + q);
+      if (!poll_pairs && chunk == 0 && PS_THREAD_X == 0) arrivals[previous] = 0u;
+    }
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
       const MD<C> total = merge_column_groups(part_m, part_d, q, chunk_slices, width);
       part_m[q] = total.m;  // row 0 of the scratch, read by every group below
@@ -1960,6 +1999,16 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     }
     issued = prefetch;
     PS_SYNC();  // the next tile reuses the scratch
+    if (next_tile >= tiles) {  // this block's last tile: the last of its chunks to leave clears it
+      // The answer reaches the block through part_m, free here: a shared flag of its own took a
+      // multiprocessor's fourth block's last bytes (H200 axis 0 of 8192 x 8192 73 -> 71).
+      if (PS_THREAD_X == 0) part_m[0] = depart_last(arrivals + tile, chunks, poll_pairs ? 0 : chunks) ? C(1) : C(0);
+      PS_SYNC();
+      if (part_m[0] != C(0)) {
+        for (i64 k = PS_THREAD_X; k < chunks * width; k += PS_BLOCK_DIM_X) pairs.clear(tile * chunks * width + k);
+        if (PS_THREAD_X == 0) arrivals[tile] = 0u;
+      }
+    }
   }
 }
 

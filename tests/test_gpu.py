@@ -260,6 +260,60 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype, shape, axis, tier", [("float32", (8, 131072), -1, "cached"),
+                                                      ("float64", (8, 65536), -1, "cached"),
+                                                      ("float32", (8192, 512), 0, "strided_cached"),
+                                                      ("float16", (4096, 301), 0, "strided_cached"),
+                                                      ("float32", (1, 1 << 22), -1, "split")])
+def test_scratch_is_zeroed_once_and_left_zero(rng, dtype, shape, axis, tier):
+    """Launches that count arrivals and publish (m, d) pairs in scratch find it zero and leave it
+    zero, so that a call launches no fill ahead of its kernel: repeat calls with fresh data through
+    the full path (out= given: a scratch a stream), through the prepared launcher (torch tensors:
+    a scratch of its own) and on a second stream all match the float64 reference, the prepared
+    launcher is taken, and every such scratch is all zero after them. The two-pass split writes
+    its scratch before reading it: it needs no fill and takes none."""
+    from portable_softmax import api
+
+    torch = _torch_cuda()
+    api._prepared.clear()
+    api._zeroed.clear()
+    base = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", getattr(torch, dtype))
+    the_plan = _plan_of(base, axis)
+    assert the_plan.tier == tier and the_plan.scratch and the_plan.scratch_zeroed == (tier != "split"), the_plan
+    other = torch.cuda.Stream()
+    torch.cuda.synchronize()  # base is ready for the other stream
+    try:
+        for stream in (torch.cuda.current_stream(), other, torch.cuda.current_stream()):
+            with torch.cuda.stream(stream):
+                for call in range(3):
+                    x = base * float(rng.uniform(0.5, 2.0))
+                    out = torch.full_like(x, float("nan"))
+                    ps.log_softmax(x, axis=axis, out=out)
+                    got = ps.softmax(x, axis=axis)  # the prepared launcher from the second call on
+                    stream.synchronize()
+                    what = f"{tier} call {call} on stream {stream.cuda_stream}"
+                    assert_matches(_to_numpy(out), _to_numpy(x), axis=axis, op="log_softmax", what=what)
+                    assert_matches(_to_numpy(got), _to_numpy(x), axis=axis, what=what)
+        prepared = [entry for key, entry in api._prepared.items() if key[1] == x.shape]
+        assert len(prepared) == 1 and prepared[0][2] == torch.cuda.current_stream().cuda_stream, prepared
+        scratches = [keep for _, _, keep in api._zeroed.values()] + [prepared[0][3]]
+        assert len(scratches) == (3 if the_plan.scratch_zeroed else 1), scratches  # the split: none pooled
+        if the_plan.scratch_zeroed:
+            for keep in scratches:
+                assert int(torch.count_nonzero(keep)) == 0, f"{tier}: scratch left not zero"
+        x = base.clone()
+        classify = api.classify
+        api.classify = lambda *_: pytest.fail("a repeat call went through the full path")
+        try:
+            assert_matches(_to_numpy(ps.softmax(x, axis=axis)), _to_numpy(x), axis=axis, what=f"{tier} prepared")
+        finally:
+            api.classify = classify
+    finally:
+        api._prepared.clear()
+        api._zeroed.clear()
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype, cols, tier", [("float32", 50257, "cached"), ("bfloat16", 120011, "cached"),
                                                ("float32", 50257, "cached_registers"),
                                                ("bfloat16", 120011, "cached_registers"),

@@ -149,8 +149,8 @@ class EmulatedRuntime:
         x_buf.payload[...] = x.reshape(-1).view(np.uint8)
         y_buf = GuardedBuffer(x.nbytes, y_offset * x.itemsize)
         buffers = {"x": x_buf, "y": y_buf}
-        for name, nbytes in plan.scratch:  # the planner's scratch is zero-filled
-            buffers[name] = GuardedBuffer(nbytes, fill=0)
+        for name, nbytes in plan.scratch:  # zero where the plan reads it as zero, else poison (NaN bytes)
+            buffers[name] = GuardedBuffer(nbytes, fill=0 if plan.scratch_zeroed else _POISON)
         addresses = {name: buf.address for name, buf in buffers.items()}
         for step in plan.launches:
             self._check_fits(step)
@@ -159,6 +159,11 @@ class EmulatedRuntime:
                                 step.args, addresses)
         for name, buf in buffers.items():
             buf.check_guards(name)
+        if plan.scratch_zeroed:  # the next call on the stream reuses it unfilled
+            for name, _ in plan.scratch:
+                if np.any(buffers[name].payload != 0):
+                    raise EmulationError(f"the launches left scratch {name!r} not zero "
+                                         f"({int(np.count_nonzero(buffers[name].payload))} bytes)")
         if not np.array_equal(x_buf.payload, x.reshape(-1).view(np.uint8)):
             raise EmulationError("a kernel wrote into its input")
         return y_buf.payload.view(x.dtype).reshape(x.shape).copy()
