@@ -807,6 +807,15 @@ CACHED_THREADS_BY_ITEMSIZE = {4: 384}
 #: and such rows measured level to 5 points slower held (float16 8x262144 55 -> 50-51, H100).
 SPLIT_REGISTERS: dict[int, tuple[int, int]] = {size: pairs[0] for size, pairs in V.SPLIT_REGISTERS_CONFIGS.items()}
 SPLIT_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["cached_registers"]  # the kernels' launch bound
+#: bytes per element whose rows, fewer than multiprocessors, take the held form too where their
+#: chunks, as long as it makes them, fill its resident grid (float32: rows of 100000 columns from
+#: 95 rows on, of 262144 from 42): few rows need not spread over more chunks when there are that
+#: many. Measured on an H200 (same process, two runs, % of the copy, 2026-11-25) against whole
+#: chunks in shared memory (4 blocks of 384 threads): float32 128x131072 77-79 -> 83-84, 64x262144
+#: 76-78 -> 80-82, 88x190000 82-83 -> 85-86, 130x128256 86-89 -> 88-91, 100x100000 81-83 -> 84-86;
+#: 16-bit rows (3 held slots, 5 blocks of 256 threads against 5 of 256) 3 slower to 3 faster
+#: (float16 96x262144 72-76 -> 72-76, 100x190000 78-82 -> 79-84), so float32 only.
+SPLIT_REGISTERS_FULL_GRID: tuple[int, ...] = (4,)
 
 
 def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int,
@@ -971,7 +980,17 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
     held_config = SPLIT_REGISTERS.get(itemsize) if p.dtype in V.BLOCK_REGISTERS_DTYPES else None
-    if (held_config is not None and has_async_copy(device) and not few_rows
+
+    def fills_the_grid() -> bool:
+        """Whether the rows' chunks of the held form, as long as they can be, are at least the
+        blocks its grid keeps resident (SPLIT_REGISTERS_FULL_GRID)."""
+        held_slots, per_multiprocessor = held_config
+        budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
+        cap = held_slots * SPLIT_REGISTERS_THREADS + (budget - static_bytes) // (vec * itemsize)
+        return p.rows * ceil(slots / cap) >= per_multiprocessor * device.multiprocessors
+
+    if (held_config is not None and has_async_copy(device)
+            and (not few_rows or (itemsize in SPLIT_REGISTERS_FULL_GRID and fills_the_grid()))
             and device.max_threads_per_block >= SPLIT_REGISTERS_THREADS):
         held_slots, per_multiprocessor = held_config
         threads = SPLIT_REGISTERS_THREADS

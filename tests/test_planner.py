@@ -449,6 +449,45 @@ def test_misaligned_input_and_output_fall_back_to_scalar_slots():
     assert aligned.notes["vec"] == 4 and mixed.notes["vec"] == 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fill_the_grid(knobs, dtype):
+    """Fewer rows than multiprocessors take the on-chip split with slots in registers where the
+    held form's chunks, as long as it makes them, are at least the blocks it keeps resident (float32
+    only: SPLIT_REGISTERS_FULL_GRID); fewer rows keep whole chunks in shared memory, cut small to
+    spread over the device."""
+    device = PROFILES["h100"]
+    itemsize = V.DTYPES[dtype][2]
+    held_slots, blocks = planner.SPLIT_REGISTERS[itemsize]
+    cols = 262144
+    knobs.setattr(planner, "SPLIT_REGISTERS_FULL_GRID", (2, 4))  # the held form's chunks, for any dtype
+    plan.cache_clear()
+    held_chunks = plan(RowProblem(dtype, "softmax", 128, cols), device).notes["chunks"]
+    knobs.undo()
+    plan.cache_clear()
+    for rows in (8, 41, 42, 128):
+        p = plan(RowProblem(dtype, "softmax", rows, cols), device)
+        assert p.tier == "cached" and rows < device.multiprocessors
+        held = "held_slots" in p.notes
+        fills = rows * held_chunks >= blocks * device.multiprocessors
+        assert held == (itemsize in planner.SPLIT_REGISTERS_FULL_GRID and fills), (rows, p)
+        if held:
+            assert p.launches[0].kernel == V.split_cached_registers_name(dtype, "softmax", 32, p.notes["vec"],
+                                                                          held_slots, blocks)
+    # float32 rows of 262144 columns: 16 chunks of the held form each, so 42 rows fill 5 x 132 blocks
+    assert ("held_slots" in plan(RowProblem("float32", "softmax", 42, cols), device).notes)
+    assert ("held_slots" not in plan(RowProblem("float32", "softmax", 41, cols), device).notes)
+
+
+def test_the_split_scratch_needs_no_fill_and_the_on_chip_split_leaves_its_own_zero():
+    """The two-pass split writes every partial before reading it; the on-chip tiers count and
+    publish in scratch they find zero and leave zero (Plan.scratch_zeroed)."""
+    device = PROFILES["h100"]
+    split = plan(RowProblem("float32", "softmax", 1, 10**8), device)
+    cached = plan(RowProblem("float32", "softmax", 8, 131072), device)
+    assert split.tier == "split" and split.scratch and not split.scratch_zeroed
+    assert cached.tier == "cached" and cached.scratch and cached.scratch_zeroed
+
+
 def test_few_long_rows_are_split_across_blocks():
     p = plan(RowProblem("float32", "softmax", 1, 10**8), PROFILES["h100"])
     assert p.tier == "split" and p.notes["chunks"] >= 2 * 132 // 1
