@@ -980,23 +980,17 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
     # resident block per multiprocessor is always possible).
     held_config = SPLIT_REGISTERS.get(itemsize) if p.dtype in V.BLOCK_REGISTERS_DTYPES else None
-
-    def fills_the_grid() -> bool:
-        """Whether the rows' chunks of the held form, as long as they can be, are at least the
-        blocks its grid keeps resident (SPLIT_REGISTERS_FULL_GRID)."""
+    fills_the_grid = False  # the held form's chunks, as long as they can be, fill its resident grid
+    if held_config is not None:
         held_slots, per_multiprocessor = held_config
         budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
-        cap = held_slots * SPLIT_REGISTERS_THREADS + (budget - static_bytes) // (vec * itemsize)
-        return p.rows * ceil(slots / cap) >= per_multiprocessor * device.multiprocessors
-
+        held_cap = held_slots * SPLIT_REGISTERS_THREADS + (budget - static_bytes) // (vec * itemsize)
+        fills_the_grid = p.rows * ceil(slots / held_cap) >= per_multiprocessor * device.multiprocessors
     if (held_config is not None and has_async_copy(device)
-            and (not few_rows or (itemsize in SPLIT_REGISTERS_FULL_GRID and fills_the_grid()))
+            and (not few_rows or (itemsize in SPLIT_REGISTERS_FULL_GRID and fills_the_grid))
             and device.max_threads_per_block >= SPLIT_REGISTERS_THREADS):
-        held_slots, per_multiprocessor = held_config
         threads = SPLIT_REGISTERS_THREADS
-        budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
-        held = held_slots * threads
-        chunk_cap = held + (budget - static_bytes) // (vec * itemsize)
+        held, chunk_cap = held_slots * threads, held_cap
         kernel = V.split_cached_registers_name(p.dtype, p.op, warp, vec, held_slots, per_multiprocessor)
     else:
         wanted = CACHED_THREADS_BY_ITEMSIZE.get(itemsize, CACHED_THREADS)

@@ -1437,15 +1437,16 @@ PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks) {
 // After the last row (or tile) a block takes, once it has read that row's pairs: the block counts
 // its departure on the row's count, past the `counted` arrivals it holds (the blocks that wait on
 // the count: `blocks`; those that poll the pairs: 0). Whether this block is the row's last to
-// leave, which then clears the row's pairs and count (leave_last).
+// leave, which then clears the row's pairs and count.
 PS_DEVICE bool depart_last(unsigned* arrivals, i64 blocks, i64 counted) {
   return PS_ATOMIC_ADD(arrivals, 1u) == (unsigned)(blocks + counted - 1);
 }
 
 // The (m, d) pairs that the chunks of a row (or of a tile's position) publish to each other, in
 // scratch that is zero when the launch starts and that the launch leaves zero (each pair and count
-// cleared once every block that reads it is past the read: clear_behind, leave_last), so that one
-// zero fill serves every later launch on the stream. A float pair is one 64-bit word, written with one store; a
+// cleared once every block that reads it is past the read: row_total_across_blocks,
+// depart_last), so that one zero fill serves every later launch on the stream. A float pair is
+// one 64-bit word, written with one store; a
 // reader polls it until it is not zero, which a published pair never is (m = +0 comes with d >= 1,
 // d = 0 only with m = -inf). So a float pair needs no fence before its writer counts its arrival
 // (arrive_and_wait): the count says when to look, the word whether it has landed. A fence waits for

@@ -265,7 +265,7 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
                                                       ("float32", (8192, 512), 0, "strided_cached"),
                                                       ("float16", (4096, 301), 0, "strided_cached"),
                                                       ("float32", (1, 1 << 22), -1, "split")])
-def test_scratch_is_zeroed_once_and_left_zero(rng, dtype, shape, axis, tier):
+def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, axis, tier):
     """Launches that count arrivals and publish (m, d) pairs in scratch find it zero and leave it
     zero, so that a call launches no fill ahead of its kernel: repeat calls with fresh data through
     the full path (out= given: a scratch a stream), through the prepared launcher (torch tensors:
@@ -302,12 +302,8 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, dtype, shape, axis, tier):
             for keep in scratches:
                 assert int(torch.count_nonzero(keep)) == 0, f"{tier}: scratch left not zero"
         x = base.clone()
-        classify = api.classify
-        api.classify = lambda *_: pytest.fail("a repeat call went through the full path")
-        try:
-            assert_matches(_to_numpy(ps.softmax(x, axis=axis)), _to_numpy(x), axis=axis, what=f"{tier} prepared")
-        finally:
-            api.classify = classify
+        monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+        assert_matches(_to_numpy(ps.softmax(x, axis=axis)), _to_numpy(x), axis=axis, what=f"{tier} prepared")
     finally:
         api._prepared.clear()
         api._zeroed.clear()
