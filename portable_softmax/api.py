@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -204,15 +205,25 @@ def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> No
 # fill ahead of it (1-3 us of device time on an H200). One buffer per stream: launches on two
 # streams may run at once, and must not count in each other's scratch.
 _ZEROED_SCRATCH_MIN_BYTES = 64 << 10
-#: (vendor, device, stream) -> (pointer, bytes, keep-alive object)
-_zeroed: dict[tuple[str, int, int], tuple[int, int, Any]] = {}
+#: (vendor, device, stream_key(stream)) -> (pointer, bytes, keep-alive object)
+_zeroed: dict[tuple, tuple[int, int, Any]] = {}
 #: buffers outgrown by a larger call: launches queued before it may still use them, so they stay
 _outgrown: list[Any] = []
+#: the handle of the per-thread default stream (cudaStreamPerThread, hipStreamPerThread): the same
+#: number names a different stream in each host thread (cupy's Stream.ptds, or every default
+#: stream under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
+PER_THREAD_DEFAULT_STREAM = 2
+
+
+def stream_key(stream: int) -> int | tuple[int, int]:
+    """What tells `stream` from every other stream of its device: the handle, and for the per-thread
+    default stream also the host thread, whose launches run concurrently with other threads'."""
+    return (stream, threading.get_ident()) if stream == PER_THREAD_DEFAULT_STREAM else stream
 
 
 def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int) -> int:
     """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long."""
-    key = (src.vendor, src.device_index, stream)
+    key = (src.vendor, src.device_index, stream_key(stream))
     held = _zeroed.get(key)
     if held is None or held[1] < nbytes:
         size = max(nbytes, _ZEROED_SCRATCH_MIN_BYTES, 2 * held[1] if held else 0)
@@ -263,7 +274,7 @@ def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) 
         nbytes, offsets = the_plan.scratch_layout()
         base, keep = src.scratch(nbytes, zeroed=the_plan.scratch_zeroed)
         buffers = {name: base + offset for name, offset in offsets.items()}
-        bound_to = stream
+        bound_to = stream_key(stream)
     launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers)
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()
@@ -282,7 +293,7 @@ def _run_prepared(x, axis, op, safe):
         return None
     launcher, contiguous, bound_to, _ = entry
     stream = _current_stream(device)
-    if bound_to is not None and stream != bound_to:
+    if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
     # empty_like costs 2-3 us less than torch.empty(shape, ...); its plain form less than with a format
     y = _TORCH.empty_like(x) if contiguous else _TORCH.empty_like(x, memory_format=_TORCH.contiguous_format)
