@@ -3,8 +3,10 @@
 Loads the AOT fatbin of a dtype (``kernels/softmax_<tag>.fatbin``) as a module;
 when it holds no code for the device, compiles the packaged source with NVRTC
 for the device's arch (cupy caches the binary on disk). Launches go through
-cuLaunchKernel on the caller's stream with the plan's packed arguments; prepared
-repeat-call launchers call it from C (``_fastlaunch``) where that module is built.
+cuLaunchKernel on the caller's stream with the plan's packed arguments, and launches whose
+blocks wait on each other through cuLaunchCooperativeKernel, which guarantees that they are
+all resident at once whatever else runs on the device; prepared repeat-call launchers call
+them from C (``_fastlaunch``) where that module is built.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ _DEFAULT_SHARED = 48 * 1024
 _DRIVER_LIBRARIES = ("nvcuda.dll",) if os.name == "nt" else ("libcuda.so.1", "libcuda.so")
 
 
-def cuda_launch_entry_point() -> int | None:
-    """The address of the driver's cuLaunchKernel, for the compiled launcher; None if not found."""
+def cuda_launch_entry_point(symbol: str = "cuLaunchKernel") -> int | None:
+    """The address of the driver's cuLaunchKernel (or ``symbol``: cuLaunchCooperativeKernel), for
+    the compiled launcher; None if not found."""
     for name in _DRIVER_LIBRARIES:
         try:
-            return ctypes.cast(ctypes.CDLL(name).cuLaunchKernel, ctypes.c_void_p).value
+            return ctypes.cast(getattr(ctypes.CDLL(name), symbol), ctypes.c_void_p).value
         except (OSError, AttributeError):
             continue
     return None
@@ -59,6 +62,9 @@ class CudaRuntime:
         self._dynamic_shared_limit: dict[int, int] = {}
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
         self._entry_point: int | None = None
+        self._cooperative_entry_point: int | None = None
+        # cupy 9 and newer; without it, launches whose blocks wait on each other launch plainly
+        self._launch_cooperative = getattr(self.driver, "launchCooperativeKernel", None)
 
     # ---- probe ---------------------------------------------------------------------
     def profile(self, device: int) -> DeviceProfile:
@@ -142,13 +148,36 @@ class CudaRuntime:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
             packed = PackedArgs(step.args, buffers)
             grid = self.resident_grid(fn, step, device)
-            self.driver.launchKernel(fn, grid, 1, 1, step.block, 1, 1, step.shared_mem, stream, packed.address, 0)
+            self._launch_one(fn, grid, step.block, step.shared_mem, stream, packed.address, step.cooperative)
+
+    def _launch_one(self, fn: int, grid: int, block: int, shared_mem: int, stream: int, params: int,
+                    cooperative: bool) -> None:
+        if cooperative and self._launch_cooperative is not None:
+            self._launch_cooperative(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params)
+        else:
+            self.driver.launchKernel(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, 0)
 
     def launch_entry_point(self) -> int | None:
         """cuLaunchKernel's address for the compiled launcher (looked up once)."""
         if self._entry_point is None:
             self._entry_point = cuda_launch_entry_point() or 0
         return self._entry_point or None
+
+    def cooperative_entry_point(self) -> int | None:
+        """cuLaunchCooperativeKernel's address for the compiled launcher (looked up once); None
+        where the Python path launches such steps plainly too (no launchCooperativeKernel in cupy),
+        so that both paths launch alike."""
+        if self._cooperative_entry_point is None:
+            found = cuda_launch_entry_point("cuLaunchCooperativeKernel") if self._launch_cooperative else None
+            self._cooperative_entry_point = found or 0
+        return self._cooperative_entry_point or None
+
+    def cooperative_launch(self) -> str:
+        """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
+        if self._launch_cooperative is None:
+            return (f"plain (cupy {self.cupy.__version__} has no driver.launchCooperativeKernel: such "
+                    "launches rely on no other such launch running beside them)")
+        return "cooperative (cuLaunchCooperativeKernel: all blocks resident at once)"
 
     def launcher_kind(self) -> str:
         """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
@@ -171,7 +200,8 @@ class CudaRuntime:
             grids.append(self.resident_grid(fn, step, device))
         current_device = self.current_device
         fast = compiled_launcher(self.launch_entry_point(), plan, functions, grids, buffers,
-                                 describe=self._describe_error)
+                                 describe=self._describe_error,
+                                 cooperative_entry_point=self.cooperative_entry_point())
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call
             if self.device_count == 1:
@@ -190,20 +220,20 @@ class CudaRuntime:
             packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-            steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
-        launch_kernel, lock = self.driver.launchKernel, threading.Lock()
+            steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at, step.cooperative))
+        launch_one, lock = self._launch_one, threading.Lock()
 
         def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
             if current_device() != device:
                 with self.cupy.cuda.Device(device):
                     return launcher(x_ptr, y_ptr, stream)
             with lock:  # the packed values are shared by the threads calling this launcher
-                for fn, grid, block, smem, packed, x_at, y_at in steps:
+                for fn, grid, block, smem, packed, x_at, y_at, cooperative in steps:
                     for i in x_at:
                         packed.values[i].value = x_ptr
                     for i in y_at:
                         packed.values[i].value = y_ptr
-                    launch_kernel(fn, grid, 1, 1, block, 1, 1, smem, stream, packed.address, 0)
+                    launch_one(fn, grid, block, smem, stream, packed.address, cooperative)
 
         return launcher
 

@@ -2,9 +2,11 @@
  *
  * A Launcher holds the launches of one plan (function handle, grid, block, dynamic shared
  * memory and the kernel parameters) and replays them with a new input pointer, output pointer
- * and stream per call. It calls the vendor's launch entry point through a function pointer that
+ * and stream per call. It calls the vendor's launch entry points through function pointers that
  * Python hands over, so this file includes no CUDA or HIP header and links no GPU library:
- * cuLaunchKernel (CUDA driver) and hipModuleLaunchKernel (HIP) share one C signature.
+ * cuLaunchKernel (CUDA driver) and hipModuleLaunchKernel (HIP) share one C signature, and so do
+ * cuLaunchCooperativeKernel and hipModuleLaunchCooperativeKernel, which cooperative steps take
+ * (blocks that wait on each other: the launch guarantees they are all resident at once).
  *
  * Every call builds its kernel parameters on the C stack, so threads may call one Launcher at
  * once without a lock, and the launches run with the GIL released (a launch may block while the
@@ -23,7 +25,7 @@
 #include <string.h>
 
 /* Bumped whenever the Python side must change with this file (portable_softmax/_launch.py). */
-#define FASTLAUNCH_ABI 1
+#define FASTLAUNCH_ABI 2
 /* Kernel parameters per launch: the planner's kernels take at most a dozen. */
 #define MAX_ARGS 64
 /* What the error stub returns: no CUDA or HIP status has this value. */
@@ -35,6 +37,10 @@
 typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                          unsigned bz, unsigned shared_bytes, void *stream, void **kernel_params,
                          void **extra);
+/* cuLaunchCooperativeKernel and hipModuleLaunchCooperativeKernel: the same without `extra`. */
+typedef int (*cooperative_launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                     unsigned by, unsigned bz, unsigned shared_bytes, void *stream,
+                                     void **kernel_params);
 
 /* One kernel parameter as the kernel reads it. Every slot is 8 bytes wide and the value sits at
  * its start, so a 4-byte read of an i32 slot sees the i32 on any byte order. */
@@ -50,6 +56,7 @@ enum role { FIXED = 0, X_PTR = 1, Y_PTR = 2 };
 typedef struct {
     void *f;
     unsigned grid[3], block[3], shared;
+    int cooperative;                /* launched through the cooperative entry point */
     int nargs;
     slot values[MAX_ARGS];          /* the fixed values; x / y slots are filled per call */
     unsigned char roles[MAX_ARGS];  /* enum role */
@@ -58,6 +65,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     launch_fn launch;
+    cooperative_launch_fn cooperative;  /* NULL where none was given */
     Py_ssize_t nsteps;
     step *steps;
     PyObject *names;     /* tuple of str: the kernels, for error messages */
@@ -193,20 +201,21 @@ done:
     return rc;
 }
 
-/* (name, function, grid, block, shared_bytes, args) */
+/* (name, function, grid, block, shared_bytes, args[, cooperative]) */
 static int parse_step(PyObject *item, step *s, PyObject **name_out) {
-    PyObject *fields[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    Py_ssize_t i, nargs;
+    PyObject *fields[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    Py_ssize_t i, nargs, nfields;
     uintptr_t f;
     int rc = -1;
     *name_out = NULL;
-    if (!PySequence_Check(item) || PySequence_Size(item) != 6) {
+    nfields = PySequence_Check(item) ? PySequence_Size(item) : -1;
+    if (nfields != 6 && nfields != 7) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError,
-                        "a step is (name, function, grid, block, shared_bytes, args)");
+                        "a step is (name, function, grid, block, shared_bytes, args[, cooperative])");
         return -1;
     }
-    for (i = 0; i < 6; i++)
+    for (i = 0; i < nfields; i++)
         if (!(fields[i] = PySequence_GetItem(item, i)))
             goto done;
     if (!PyUnicode_Check(fields[0])) {
@@ -218,6 +227,14 @@ static int parse_step(PyObject *item, step *s, PyObject **name_out) {
         as_uint(fields[4], &s->shared, "shared_bytes", 0) < 0)
         goto done;
     s->f = (void *)f;
+    s->cooperative = 0;
+    if (nfields == 7) {
+        if (!PyBool_Check(fields[6])) {
+            PyErr_Format(PyExc_TypeError, "%U: cooperative must be a bool", fields[0]);
+            goto done;
+        }
+        s->cooperative = fields[6] == Py_True;
+    }
     nargs = PySequence_Check(fields[5]) ? PySequence_Size(fields[5]) : -1;
     if (nargs < 0) {
         PyErr_Clear();
@@ -241,7 +258,7 @@ static int parse_step(PyObject *item, step *s, PyObject **name_out) {
     *name_out = fields[0];
     rc = 0;
 done:
-    for (i = 0; i < 6; i++)
+    for (i = 0; i < 7; i++)
         Py_XDECREF(fields[i]);
     return rc;
 }
@@ -275,18 +292,27 @@ static void Launcher_dealloc(PyObject *op) {
 }
 
 static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entry_point", "steps", "describe", NULL};
-    PyObject *entry = NULL, *steps = NULL, *describe = Py_None;
+    static char *keywords[] = {"entry_point", "steps", "describe", "cooperative_entry_point", NULL};
+    PyObject *entry = NULL, *steps = NULL, *describe = Py_None, *cooperative_entry = Py_None;
     Launcher *self;
-    uintptr_t address;
+    uintptr_t address, cooperative_address = 0;
     Py_ssize_t n, i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:Launcher", keywords, &entry, &steps, &describe))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:Launcher", keywords, &entry, &steps, &describe,
+                                     &cooperative_entry))
         return NULL;
     if (as_address(entry, &address, "entry_point") < 0)
         return NULL;
     if (address == 0) {  /* calling it would crash the process */
         PyErr_SetString(PyExc_ValueError, "entry_point is a null address");
         return NULL;
+    }
+    if (cooperative_entry != Py_None) {
+        if (as_address(cooperative_entry, &cooperative_address, "cooperative_entry_point") < 0)
+            return NULL;
+        if (cooperative_address == 0) {
+            PyErr_SetString(PyExc_ValueError, "cooperative_entry_point is a null address (pass None)");
+            return NULL;
+        }
     }
     if (describe != Py_None && !PyCallable_Check(describe)) {
         PyErr_SetString(PyExc_TypeError, "describe must be None or a callable(code) -> str");
@@ -302,6 +328,7 @@ static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     if (!self)
         return NULL;
     self->launch = (launch_fn)address;
+    self->cooperative = (cooperative_launch_fn)cooperative_address;
     self->nsteps = n;
     self->steps = PyMem_Calloc((size_t)n, sizeof(step));
     self->names = PyTuple_New(n);
@@ -315,6 +342,12 @@ static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         PyObject *item = PySequence_GetItem(steps, i), *name = NULL;
         int bad = item ? parse_step(item, &self->steps[i], &name) : -1;
         Py_XDECREF(item);
+        if (!bad && self->steps[i].cooperative && !self->cooperative) {
+            PyErr_Format(PyExc_ValueError, "%U is a cooperative step, and no cooperative_entry_point "
+                         "was given", name);
+            Py_DECREF(name);
+            bad = -1;
+        }
         if (bad) {
             Py_DECREF(self);
             return NULL;
@@ -415,8 +448,12 @@ static PyObject *launch_all(Launcher *self, PyObject *x_obj, PyObject *y_obj, Py
             params[j] = &values[j];
         }
         params[s->nargs] = NULL;  /* drivers read only the kernel's own count; the stub stops here */
-        code = self->launch(s->f, s->grid[0], s->grid[1], s->grid[2], s->block[0], s->block[1],
-                            s->block[2], s->shared, (void *)stream, params, NULL);
+        if (s->cooperative)
+            code = self->cooperative(s->f, s->grid[0], s->grid[1], s->grid[2], s->block[0], s->block[1],
+                                     s->block[2], s->shared, (void *)stream, params);
+        else
+            code = self->launch(s->f, s->grid[0], s->grid[1], s->grid[2], s->block[0], s->block[1],
+                                s->block[2], s->shared, (void *)stream, params, NULL);
         if (code != 0) {
             failed = i;
             break;
@@ -477,12 +514,14 @@ static PyType_Slot Launcher_slots[] = {
     {Py_tp_repr, (void *)Launcher_repr},
     {Py_tp_methods, (void *)Launcher_methods},
     {Py_tp_doc, (void *)
-     "Launcher(entry_point, steps, describe=None)\n\n"
+     "Launcher(entry_point, steps, describe=None, cooperative_entry_point=None)\n\n"
      "The launches of one plan, replayed per call with new x / y pointers and stream.\n"
      "entry_point: address of cuLaunchKernel or hipModuleLaunchKernel (or a stub).\n"
-     "steps: (name, function, grid, block, shared_bytes, args) per launch; args are the\n"
-     "kernel's (kind, value) pairs, kind 'ptr' | 'i64' | 'i32', and a 'ptr' value is an\n"
-     "int address or 'x' / 'y' (taken from each call).\n"
+     "steps: (name, function, grid, block, shared_bytes, args[, cooperative]) per launch;\n"
+     "args are the kernel's (kind, value) pairs, kind 'ptr' | 'i64' | 'i32', and a 'ptr'\n"
+     "value is an int address or 'x' / 'y' (taken from each call). Steps with cooperative\n"
+     "True launch through cooperative_entry_point (cuLaunchCooperativeKernel or\n"
+     "hipModuleLaunchCooperativeKernel, or a stub), which they then require.\n"
      "describe: optional callable(code) -> str that names a failed launch's error code.\n"
      "Calling it (or its .launch) with (x_ptr, y_ptr, stream) launches every step in order\n"
      "and raises LaunchError naming the kernel and the code when one fails."},
@@ -502,6 +541,7 @@ static PyType_Spec Launcher_spec = {
 typedef struct {
     uintptr_t f, stream, extra;
     unsigned grid[3], block[3], shared;
+    int cooperative;  /* recorded by the cooperative stub */
     int nparams;
     unsigned char params[MAX_ARGS][sizeof(slot)];
 } record;
@@ -512,12 +552,13 @@ static long long fail_from = -1;          /* calls with index >= this return fai
 static int fail_code;
 static PyThread_type_lock record_lock;    /* the stub runs without the GIL */
 
-static int recording_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                          unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+static int record_call(int cooperative, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
     record *r;
     int i, rc = 0;
     PyThread_acquire_lock(record_lock, WAIT_LOCK);
     r = &records[record_count % RECORD_CAPACITY];
+    r->cooperative = cooperative;
     r->f = (uintptr_t)f;
     r->stream = (uintptr_t)stream;
     r->extra = (uintptr_t)extra;
@@ -535,6 +576,16 @@ static int recording_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
     return rc;
 }
 
+static int recording_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+    return record_call(0, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+static int recording_cooperative_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                      unsigned by, unsigned bz, unsigned shared, void *stream, void **params) {
+    return record_call(1, f, gx, gy, gz, bx, by, bz, shared, stream, params, NULL);
+}
+
 static int error_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                       unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
@@ -545,6 +596,11 @@ static int error_stub(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned b
 static PyObject *recording_stub_address(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
     return PyLong_FromVoidPtr((void *)(uintptr_t)&recording_stub);
+}
+
+static PyObject *recording_cooperative_stub_address(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return PyLong_FromVoidPtr((void *)(uintptr_t)&recording_cooperative_stub);
 }
 
 static PyObject *error_stub_address(PyObject *module, PyObject *unused) {
@@ -590,13 +646,14 @@ static PyObject *recorded(PyObject *module, PyObject *unused) {
         if (!bad) {
             PyObject *grid = dims_tuple(r->grid), *block = dims_tuple(r->block);
             if (grid && block)
-                entry = Py_BuildValue("{s:N,s:O,s:O,s:k,s:N,s:O,s:N}",
+                entry = Py_BuildValue("{s:N,s:O,s:O,s:k,s:N,s:O,s:N,s:O}",
                                       "function", PyLong_FromVoidPtr((void *)r->f),
                                       "grid", grid, "block", block,
                                       "shared_bytes", (unsigned long)r->shared,
                                       "stream", PyLong_FromVoidPtr((void *)r->stream),
                                       "params", params,
-                                      "extra", PyLong_FromVoidPtr((void *)r->extra));
+                                      "extra", PyLong_FromVoidPtr((void *)r->extra),
+                                      "cooperative", r->cooperative ? Py_True : Py_False);
             Py_XDECREF(grid);
             Py_XDECREF(block);
         }
@@ -616,6 +673,9 @@ static PyObject *recorded(PyObject *module, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"_recording_stub_address", recording_stub_address, METH_NOARGS,
      "Address of a launch entry point that records each call (see _recorded) and returns 0."},
+    {"_recording_cooperative_stub_address", recording_cooperative_stub_address, METH_NOARGS,
+     "Address of a cooperative launch entry point (no `extra`) that records each call, with\n"
+     "cooperative True, in the same list as the recording stub, and returns 0."},
     {"_error_stub_address", error_stub_address, METH_NOARGS,
      "Address of a launch entry point that fails every call with ERROR_STUB_CODE."},
     {"_reset_recording", (PyCFunction)(void (*)(void))reset_recording, METH_VARARGS | METH_KEYWORDS,
@@ -623,8 +683,9 @@ static PyMethodDef module_methods[] = {
      "fail_from on (when >= 0) the recording stub returns code instead of 0."},
     {"_recorded", recorded, METH_NOARGS,
      "The recording stub's calls since the last reset, oldest first (at most RECORD_CAPACITY):\n"
-     "dicts of function, grid, block, shared_bytes, stream, extra and params, the 8 bytes\n"
-     "behind each kernel parameter (an i32 occupies the first 4)."},
+     "dicts of function, grid, block, shared_bytes, stream, extra, cooperative (which stub\n"
+     "took the call) and params, the 8 bytes behind each kernel parameter (an i32 occupies\n"
+     "the first 4)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -632,7 +693,8 @@ static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "_fastlaunch",
     "The compiled repeat-call launcher: Launcher replays a plan's launches through\n"
-    "cuLaunchKernel or hipModuleLaunchKernel (same C signature) given by address.",
+    "cuLaunchKernel or hipModuleLaunchKernel (same C signature) given by address, and\n"
+    "cooperative steps through cuLaunchCooperativeKernel or hipModuleLaunchCooperativeKernel.",
     -1,
     module_methods,
     NULL, NULL, NULL, NULL,

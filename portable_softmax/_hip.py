@@ -4,8 +4,10 @@ Loads the AOT code-object bundle of a dtype (``kernels/softmax_<tag>.hsaco``)
 with hipModuleLoadData when it holds code for the device's target; otherwise
 compiles the packaged ``src_hip/`` source with hipRTC for exactly that target
 and caches the code object on disk. Launches go through hipModuleLaunchKernel
-on the caller's stream with the plan's packed arguments; prepared repeat-call
-launchers call it from C (``_fastlaunch``) where that module is built.
+on the caller's stream with the plan's packed arguments, and launches whose blocks
+wait on each other through hipModuleLaunchCooperativeKernel where the runtime has it
+(ROCm 5.2's has not); prepared repeat-call launchers call them from C
+(``_fastlaunch``) where that module is built.
 
 Everything that does not need a GPU (error mapping, target matching, bundle
 parsing, the device profile, hipRTC compilation and its cache) is a plain
@@ -261,9 +263,10 @@ def hip_runtime_library_candidates() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def hip_launch_entry_point(names: list[str] | None = None) -> int | None:
-    """The address of hipModuleLaunchKernel in the HIP runtime this process has already loaded,
-    for the compiled launcher; None if none is loaded.
+def hip_launch_entry_point(names: list[str] | None = None, symbol: str = "hipModuleLaunchKernel") -> int | None:
+    """The address of hipModuleLaunchKernel (or ``symbol``: hipModuleLaunchCooperativeKernel) in
+    the HIP runtime this process has already loaded, for the compiled launcher; None if none is
+    loaded or it lacks the symbol.
 
     Only an already-loaded library will do (RTLD_NOLOAD): a second copy of the runtime would not
     know the modules and streams that hip-python's copy created.
@@ -271,7 +274,7 @@ def hip_launch_entry_point(names: list[str] | None = None) -> int | None:
     mode = getattr(os, "RTLD_NOLOAD", 0)
     for name in hip_runtime_library_candidates() if names is None else names:
         try:
-            return ctypes.cast(ctypes.CDLL(name, mode=mode).hipModuleLaunchKernel, ctypes.c_void_p).value
+            return ctypes.cast(getattr(ctypes.CDLL(name, mode=mode), symbol), ctypes.c_void_p).value
         except (OSError, AttributeError):
             continue
     return None
@@ -412,6 +415,8 @@ class HipRuntime:
         self.jit_cache = HipRtcCache()
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:hiprtc ..."
         self._entry_point: int | None = None
+        self._cooperative_entry_point: int | None = None
+        self._launch_cooperative: Any = None  # hip-python's hipModuleLaunchCooperativeKernel, or False
 
     def _describe(self, err) -> str:
         result = self.hip.hipGetErrorString(err)
@@ -524,8 +529,42 @@ class HipRuntime:
         with _on_device(self, device):
             for fn, grid, step in self._prepared_steps(plan, dtype, device):
                 packed = PackedArgs(step.args, buffers)
-                self._call("hipModuleLaunchKernel", fn, grid, 1, 1, step.block, 1, 1, step.shared_mem,
-                           stream, packed.address, None)
+                self._launch_one(fn, grid, step.block, step.shared_mem, stream, packed.address, step.cooperative)
+
+    def _launch_one(self, fn, grid: int, block: int, shared_mem: int, stream: int, params: int,
+                    cooperative: bool) -> None:
+        if cooperative and self._cooperative_launcher() is not None:
+            hip_check("hipModuleLaunchCooperativeKernel",
+                      self._launch_cooperative(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params),
+                      self._describe)
+        else:
+            self._call("hipModuleLaunchKernel", fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)
+
+    def _cooperative_launcher(self):
+        """hip-python's hipModuleLaunchCooperativeKernel where the loaded runtime has it, else None."""
+        if self._launch_cooperative is None:
+            found = getattr(self.hip, "hipModuleLaunchCooperativeKernel", None)
+            if found is not None and isinstance(self.hip, types.ModuleType):
+                if not hip_launch_entry_point(symbol="hipModuleLaunchCooperativeKernel"):
+                    found = None  # hip-python binds it; this ROCm's runtime lacks it (5.2)
+            self._launch_cooperative = found or False
+        return self._launch_cooperative or None
+
+    def cooperative_entry_point(self) -> int | None:
+        """hipModuleLaunchCooperativeKernel's address for the compiled launcher (looked up once);
+        None where the runtime lacks it, or for a stand-in for hip-python."""
+        if self._cooperative_entry_point is None:
+            real = isinstance(self.hip, types.ModuleType)
+            found = hip_launch_entry_point(symbol="hipModuleLaunchCooperativeKernel") if real else None
+            self._cooperative_entry_point = found or 0
+        return self._cooperative_entry_point or None
+
+    def cooperative_launch(self) -> str:
+        """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
+        if self._cooperative_launcher() is None:
+            return ("plain (hipModuleLaunchCooperativeKernel is not in this HIP runtime: such launches "
+                    "rely on no other such launch running beside them)")
+        return "cooperative (hipModuleLaunchCooperativeKernel: all blocks resident at once)"
 
     def launch_entry_point(self) -> int | None:
         """hipModuleLaunchKernel's address in the library hip-python loaded (looked up once), for
@@ -559,7 +598,8 @@ class HipRuntime:
         entry_point, fast = self.launch_entry_point(), None
         if entry_point:  # handles become integers only where a real runtime made them
             fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in prepared_steps],
-                                     [grid for _, grid, _ in prepared_steps], buffers, describe=self._describe_error)
+                                     [grid for _, grid, _ in prepared_steps], buffers, describe=self._describe_error,
+                                     cooperative_entry_point=self.cooperative_entry_point())
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call
             if self.device_count == 1:
@@ -576,19 +616,17 @@ class HipRuntime:
             packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
             x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
             y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-            prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at))
-        launch_kernel, lock = self.hip.hipModuleLaunchKernel, threading.Lock()
+            prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at, step.cooperative))
+        launch_one, lock = self._launch_one, threading.Lock()
 
         def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
             with _on_device(self, device), lock:  # the packed values are shared by the calling threads
-                for fn, grid, block, smem, packed, x_at, y_at in prepared:
+                for fn, grid, block, smem, packed, x_at, y_at, cooperative in prepared:
                     for i in x_at:
                         packed.values[i].value = x_ptr
                     for i in y_at:
                         packed.values[i].value = y_ptr
-                    hip_check("hipModuleLaunchKernel",
-                              launch_kernel(fn, grid, 1, 1, block, 1, 1, smem, stream, packed.address, None),
-                              self._describe)
+                    launch_one(fn, grid, block, smem, stream, packed.address, cooperative)
 
         return launcher
 

@@ -4,7 +4,8 @@ kernel files.
 ``PackedArgs`` builds the ``void**`` array that cuLaunchKernel and hipModuleLaunchKernel both
 take, from a plan's (kind, value) arguments. ``compiled_launcher`` wraps a plan's launches in
 ``_fastlaunch.Launcher`` (C), which replays them per call with new x / y pointers and stream
-through either entry point, given by address: the two share one C signature.
+through either entry point, given by address: the two share one C signature (and so do their
+cooperative forms, which launches whose blocks wait on each other take).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class PackedArgs:
 
 # ---- the compiled launcher ------------------------------------------------------------------------
 #: the _fastlaunch.ABI this Python side is written against (portable_softmax/_fastlaunch.c)
-FASTLAUNCH_ABI = 1
+FASTLAUNCH_ABI = 2
 #: "python" makes prepared launchers launch from Python even where the compiled one is available
 LAUNCHER_ENV = "PORTABLE_SOFTMAX_LAUNCHER"
 
@@ -155,12 +156,14 @@ def launcher_kind(entry_point: int | None, missing: str) -> str:
 
 
 def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
-                   buffers: Mapping[str, int] | None = None) -> list[tuple]:
+                   buffers: Mapping[str, int] | None = None, cooperative: bool = False) -> list[tuple]:
     """A plan's launches as ``_fastlaunch.Launcher`` steps.
 
     ``functions`` and ``grids`` hold each launch's function handle and the grid the runtime
     launches it with (after ``one_wave``). Buffer arguments other than "x" and "y" (scratch)
     take their address from ``buffers``; "x" and "y" stay names, filled on every call.
+    ``cooperative``: launches whose blocks wait on each other (Launch.cooperative) take the
+    cooperative entry point; False: every launch takes the plain one.
     """
     if not (len(plan.launches) == len(functions) == len(grids)):
         raise ValueError(f"{len(plan.launches)} launches, {len(functions)} functions, {len(grids)} grids")
@@ -174,23 +177,27 @@ def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
                     raise KeyError(f"the launch needs buffer {value!r}, which was not provided")
                 value = buffers[value]
             args.append((kind, value))
-        steps.append((step.kernel, int(fn), int(grid), step.block, step.shared_mem, tuple(args)))
+        steps.append((step.kernel, int(fn), int(grid), step.block, step.shared_mem, tuple(args),
+                      bool(cooperative and step.cooperative)))
     return steps
 
 
 def compiled_launcher(entry_point: int | None, plan: Plan, functions: Sequence[int], grids: Sequence[int],
                       buffers: Mapping[str, int] | None = None,
-                      describe: Callable[[int], str] | None = None):
+                      describe: Callable[[int], str] | None = None,
+                      cooperative_entry_point: int | None = None):
     """A ``_fastlaunch.Launcher`` for the plan over the launch entry point at ``entry_point``
     (cuLaunchKernel or hipModuleLaunchKernel), or None where the compiled launcher is not
     available, the entry point is unknown, or PORTABLE_SOFTMAX_LAUNCHER=python asks for Python.
 
+    Cooperative launches take ``cooperative_entry_point`` (cuLaunchCooperativeKernel or
+    hipModuleLaunchCooperativeKernel) where one is given, else the plain entry point.
     ``describe(code)`` names a failed launch's status in the LaunchError it raises.
     """
     if _FASTLAUNCH is None or not entry_point or os.environ.get(LAUNCHER_ENV, "").lower() == "python":
         return None
-    steps = compiled_steps(plan, functions, grids, buffers)
-    return _FASTLAUNCH.Launcher(entry_point, steps, describe)
+    steps = compiled_steps(plan, functions, grids, buffers, cooperative=bool(cooperative_entry_point))
+    return _FASTLAUNCH.Launcher(entry_point, steps, describe, cooperative_entry_point or None)
 
 
 def source_dir(vendor: str) -> Path:

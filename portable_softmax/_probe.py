@@ -112,4 +112,6 @@ def backend_info() -> dict:
         jit_cache_dir=rt.cache_dir(),
         repeat_call_launcher=rt.launcher_kind() if hasattr(rt, "launcher_kind") else launcher_status(),
     )
+    if hasattr(rt, "cooperative_launch"):
+        info["cooperative_launch"] = rt.cooperative_launch()
     return info

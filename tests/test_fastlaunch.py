@@ -47,6 +47,12 @@ def stub(fl):
     fl._reset_recording()
 
 
+@pytest.fixture
+def cooperative_stub(stub, fl):
+    """The cooperative recording stub's address (same record as `stub`, calls marked cooperative)."""
+    return fl._recording_cooperative_stub_address()
+
+
 # ---- helpers ------------------------------------------------------------------------------------
 _FORMATS = {PTR: "P", I64: "q", I32: "i"}
 
@@ -74,10 +80,12 @@ def random_address(rng, align: int = 1) -> int:
     return (int(rng.integers(1 << 40, 1 << 47)) | (1 << 47)) // align * align
 
 
-def check_calls(calls, the_plan: Plan, functions, grids, buffers, stream) -> None:
+def check_calls(calls, the_plan: Plan, functions, grids, buffers, stream, cooperative: bool = True) -> None:
+    """`cooperative`: the launcher had a cooperative entry point, which cooperative steps must take."""
     assert len(calls) == len(the_plan.launches)
     for call, step, fn, grid in zip(calls, the_plan.launches, functions, grids):
         where = f"{the_plan.tier}: {step.kernel}"
+        assert call["cooperative"] == (cooperative and step.cooperative), where
         assert call["function"] == fn, where
         assert call["grid"] == (grid, 1, 1), where
         assert call["block"] == (step.block, 1, 1), where
@@ -160,12 +168,13 @@ def test_backend_info_names_the_launcher(fl, monkeypatch):
 
 # ---- every value of real plans ---------------------------------------------------------------------
 @pytest.mark.parametrize("dev_name, problem", PLANS)
-def test_every_value_of_a_plan_reaches_the_entry_point(fl, stub, rng, dev_name, problem):
+def test_every_value_of_a_plan_reaches_the_entry_point(fl, stub, cooperative_stub, rng, dev_name, problem):
     dev = DEVICES[dev_name]
     the_plan = plan(problem, dev)
     functions, grids = fake_handles(the_plan, dev)
     scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
-    launcher = _launch.compiled_launcher(stub, the_plan, functions, grids, scratch)
+    launcher = _launch.compiled_launcher(stub, the_plan, functions, grids, scratch,
+                                         cooperative_entry_point=cooperative_stub)
     assert launcher is not None
     for call in range(3):  # new pointers and stream every call; the scratch stays
         x, y = random_address(rng, 16) + 4 * call, random_address(rng, 16)
@@ -174,6 +183,34 @@ def test_every_value_of_a_plan_reaches_the_entry_point(fl, stub, rng, dev_name, 
         calls = fl._recorded()[-len(the_plan.launches):]
         check_calls(calls, the_plan, functions, grids, {"x": x, "y": y, **scratch}, stream)
     assert len(fl._recorded()) == 3 * len(the_plan.launches)
+
+
+def test_the_plans_cover_cooperative_and_plain_launches():
+    steps = [s for dev in DEVICES.values() for p in _problems() for s in plan(p, dev).launches]
+    assert {s.cooperative for s in steps} == {True, False}
+
+
+def test_cooperative_steps_launch_plainly_without_a_cooperative_entry_point(fl, stub, rng):
+    """A runtime without cuLaunchCooperativeKernel / hipModuleLaunchCooperativeKernel (ROCm 5.2)
+    hands over none: every step then takes the plain entry point, as before there was one."""
+    for dev in DEVICES.values():
+        the_plan = next(p for p in (plan(q, dev) for q in _problems()) if any(s.cooperative for s in p.launches))
+        functions, grids = fake_handles(the_plan, dev)
+        scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
+        _launch.compiled_launcher(stub, the_plan, functions, grids, scratch)(0x1000, 0x2000, 7)
+        calls = fl._recorded()[-len(the_plan.launches):]
+        check_calls(calls, the_plan, functions, grids, {"x": 0x1000, "y": 0x2000, **scratch}, 7, cooperative=False)
+
+
+def test_a_cooperative_step_needs_a_cooperative_entry_point(fl, stub, cooperative_stub):
+    with pytest.raises(ValueError, match="ps_wait.*cooperative_entry_point"):
+        fl.Launcher(stub, [("ps_plain", 1, 1, 1, 0, []), ("ps_wait", 2, 1, 1, 0, [], True)])
+    with pytest.raises(ValueError, match="null"):
+        fl.Launcher(stub, [("k", 1, 1, 1, 0, [], True)], None, 0)
+    with pytest.raises(TypeError, match="bool"):
+        fl.Launcher(stub, [("k", 1, 1, 1, 0, [], 1)], None, cooperative_stub)
+    fl.Launcher(stub, [("k", 1, 1, 1, 0, [], False), ("w", 2, 4, 1, 0, [], True)], None, cooperative_stub)(0, 0, 9)
+    assert [(c["function"], c["cooperative"], c["grid"][0]) for c in fl._recorded()] == [(1, False, 1), (2, True, 4)]
 
 
 def test_a_plan_with_scratch_needs_its_addresses(fl, stub):
@@ -267,6 +304,7 @@ def test_a_describe_that_fails_still_leaves_the_code(fl):
     ([("k", 1, 1, (1, 2, 3, 4), 0, [])], TypeError, "block"),
     ([("k", 1, 1, 1, 1 << 32, [])], ValueError, "shared_bytes"),
     ([("k", 1, 1, 1, 0)], TypeError, "a step is"),
+    ([("k", 1, 1, 1, 0, [], False, None)], TypeError, "a step is"),
     ([], ValueError, "non-empty"),
 ])
 def test_bad_steps_are_refused_when_built(fl, stub, steps, error, message):
@@ -353,14 +391,19 @@ def test_threads_calling_one_launcher_never_mix_their_pointers(fl, stub, rng):
 
 # ---- the runtime adapters' prepare() ----------------------------------------------------------------
 class StubDriver:
-    """cupy.cuda.driver's launchKernel, recording what the Python launcher passes."""
+    """cupy.cuda.driver's launchKernel and launchCooperativeKernel, recording what the Python
+    launcher passes."""
 
     def __init__(self):
         self.calls = []
 
     def launchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
         self.calls.append(dict(function=fn, grid=(gx, gy, gz), block=(bx, by, bz), shared_bytes=smem,
-                               stream=stream, params=params, extra=extra))
+                               stream=stream, params=params, extra=extra, cooperative=False))
+
+    def launchCooperativeKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params):  # noqa: N802
+        self.calls.append(dict(function=fn, grid=(gx, gy, gz), block=(bx, by, bz), shared_bytes=smem,
+                               stream=stream, params=params, extra=0, cooperative=True))
 
     @staticmethod
     def CUDADriverError(code):  # noqa: N802
@@ -370,12 +413,14 @@ class StubDriver:
 class StubCuda(_cuda.CudaRuntime):
     """CudaRuntime with the GPU parts replaced: fixed handles and grids, a device counter."""
 
-    def __init__(self, entry_point, device_now=0, device_count=2):
+    def __init__(self, entry_point, device_now=0, device_count=2, cooperative_entry_point=0):
         self.driver = StubDriver()
         self.device_count = device_count
         self.entered = []
         self.device_now = device_now
         self._entry_point = entry_point
+        self._cooperative_entry_point = cooperative_entry_point  # 0: none (looked up already)
+        self._launch_cooperative = self.driver.launchCooperativeKernel
         stub = self
 
         class Device:
@@ -431,32 +476,41 @@ def test_cuda_prepare_launches_through_the_compiled_launcher(fl, stub, rng):
     check_calls(fl._recorded()[-len(the_plan.launches):], the_plan, functions, grids, {"x": x, "y": y}, 5)
 
 
-def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, rng, monkeypatch):
-    the_plan = plan(RowProblem("float32", "log_softmax", rows=3, cols=5000), DEVICES["h100"])
+@pytest.mark.parametrize("problem", [RowProblem("float32", "log_softmax", rows=3, cols=5000),
+                                     RowProblem("float32", "softmax", rows=20, cols=200_000)],
+                         ids=["plain", "cooperative"])
+def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, cooperative_stub, rng, monkeypatch,
+                                                                problem):
+    the_plan = plan(problem, DEVICES["h100"])
+    scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
     x, y, stream = random_address(rng, 16), random_address(rng, 16), 0x5EED
-    compiled = StubCuda(stub)
-    compiled.prepare(the_plan, "float32", 0)(x, y, stream)
+    compiled = StubCuda(stub, cooperative_entry_point=cooperative_stub)
+    compiled.prepare(the_plan, "float32", 0, scratch)(x, y, stream)
     monkeypatch.setenv(_launch.LAUNCHER_ENV, "python")
-    python = StubCuda(stub)
-    launcher = python.prepare(the_plan, "float32", 0)
+    python = StubCuda(stub, cooperative_entry_point=cooperative_stub)
+    launcher = python.prepare(the_plan, "float32", 0, scratch)
     launcher(x, y, stream)  # reads the packed values while they are alive (inside the call)
     assert len(python.driver.calls) == len(the_plan.launches) == len(fl._recorded())
     for via_python, via_c, step in zip(python.driver.calls, fl._recorded(), the_plan.launches):
         kinds = [k for k, _ in step.args]
-        for key in ("function", "grid", "block", "shared_bytes", "stream"):
+        for key in ("function", "grid", "block", "shared_bytes", "stream", "cooperative"):
             assert via_python[key] == via_c[key], key
+        assert via_c["cooperative"] == step.cooperative
         assert _python_launcher_params(via_python, kinds) == decode(via_c["params"], kinds)
     assert python.launcher_kind() == f"python ({_launch.LAUNCHER_ENV}=python)"
+    assert any(s.cooperative for s in the_plan.launches) == (the_plan.tier != "block")
 
 
 class StubHip(_hip.HipRuntime):
     """HipRuntime with hip-python replaced: integer handles, a current device per thread."""
 
-    def __init__(self, entry_point, device_count=1):
+    def __init__(self, entry_point, device_count=1, cooperative_entry_point=0):
         self.device_count = device_count
         self.current = 0
         self.switches = []
         self._entry_point = entry_point
+        self._cooperative_entry_point = cooperative_entry_point  # 0: none (looked up already)
+        self._launch_cooperative = None
         self._occupancy = {}
         rt = self
 
@@ -511,6 +565,19 @@ def test_hip_prepare_launches_through_the_compiled_launcher(fl, stub, rng):
         check_calls(fl._recorded(), the_plan, functions, grids, {"x": x, "y": y}, 0x77)
         if device_count == 2:  # device 1 made current for the call, device 0 restored after
             assert rt.switches[-2:] == [1, 0] and rt.current == 0
+
+
+def test_hip_prepare_takes_the_cooperative_entry_point_where_the_runtime_has_one(fl, stub, cooperative_stub, rng):
+    the_plan = plan(RowProblem("float32", "softmax", rows=20, cols=400_000), DEVICES["mi300x"])
+    assert any(s.cooperative for s in the_plan.launches), the_plan.tier
+    scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
+    functions = [0xA000 + len(s.kernel) for s in the_plan.launches]
+    grids = [one_wave(s, 1, DEVICES["mi300x"].multiprocessors) for s in the_plan.launches]
+    for entry, cooperative in ((cooperative_stub, True), (0, False)):  # 0: ROCm 5.2, which lacks it
+        rt = StubHip(stub, cooperative_entry_point=entry)
+        rt.prepare(the_plan, "float32", 0, scratch)(0x1000, 0x2000, 3)
+        calls = fl._recorded()[-len(the_plan.launches):]
+        check_calls(calls, the_plan, functions, grids, {"x": 0x1000, "y": 0x2000, **scratch}, 3, cooperative)
 
 
 def test_hip_launch_errors_carry_hips_name_for_the_code(fl):

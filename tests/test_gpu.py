@@ -428,3 +428,58 @@ def test_long_non_last_axes_are_cached_on_chip(rng, dtype):
             out = torch.full(v.shape, float("nan"), device="cuda", dtype=tdtype)
             fn(v, axis=axis, out=out)
             assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), axis=axis, op=op, what=name)
+
+
+@needs_cuda
+def test_launches_whose_blocks_wait_on_each_other_are_cooperative():
+    """The on-chip tiers' blocks wait for each other: their launches go through
+    cuLaunchCooperativeKernel, from Python and from the compiled launcher alike."""
+    info = ps.backend_info()
+    assert info["cooperative_launch"].startswith("cooperative ("), info["cooperative_launch"]
+    rt = _probe.runtime("cuda")
+    if rt.launch_entry_point():
+        assert rt.cooperative_entry_point(), "cuLaunchCooperativeKernel not found for the compiled launcher"
+
+
+@needs_cuda
+def test_waiting_launches_on_streams_of_different_priority_all_finish():
+    """Two on-chip split launches on a low- and a high-priority stream, queued behind a kernel
+    that holds part of the device, 200 times: every launch finishes and matches float64. In a
+    subprocess with a time limit, so that launches waiting for ever fail the test instead of
+    holding the suite."""
+    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "concurrent_waits.py")
+    try:
+        proc = subprocess.run([sys.executable, tool, "--iterations", "200"], capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the waiting launches did not finish in 120 s: {e.stdout}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cooperative (" in proc.stdout and "plan: cached" in proc.stdout and "ok:" in proc.stdout, proc.stdout
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype, shape, axis, tier", [("float32", (16, 131072), -1, "cached"),
+                                                      ("bfloat16", (8192, 512), 0, "strided_cached"),
+                                                      ("float32", (1, 1 << 22), -1, "split")])
+def test_a_captured_graph_replays_launches_with_scratch(rng, dtype, shape, axis, tier):
+    """A CUDA graph captured around softmax (cooperative launches, scratch zeroed inside the
+    capture) gives the right outputs on every replay with fresh inputs."""
+    torch = _torch_cuda()
+    tdtype = getattr(torch, dtype)
+    static = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", tdtype)
+    assert _plan_of(static, axis).tier == tier
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: modules loaded, launchers prepared
+        ps.softmax(static, axis=axis)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ps.softmax(static, axis=axis)
+    for replay in range(3):
+        fresh = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", tdtype)
+        static.copy_(fresh)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(_to_numpy(out), _to_numpy(fresh), axis=axis, what=f"{tier} replay {replay}")

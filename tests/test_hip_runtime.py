@@ -221,6 +221,7 @@ class FakeHip:
     def __init__(self, device_count=1, arch=b"gfx90a:sramecc+:xnack-"):
         self.device_count, self.arch = device_count, arch
         self.calls, self.buffers, self.freed, self.loaded = [], {}, [], []
+        self.cooperative = []  # the kernels launched through hipModuleLaunchCooperativeKernel
         self.launch_bytes = 0
         self.blocks_per_cu = 2
         self.current = 0
@@ -267,6 +268,10 @@ class FakeHip:
         y = ctypes.cast(args[1], ctypes.POINTER(ctypes.c_void_p))[0]
         ctypes.memmove(y, x, self.launch_bytes)
         return self._ok()
+
+    def hipModuleLaunchCooperativeKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params):
+        self.cooperative.append(fn[1])
+        return self.hipModuleLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, params, None)
 
     def hipMemsetAsync(self, ptr, value, size, stream):
         self.calls.append(("memset", ptr, size, stream))
@@ -397,6 +402,20 @@ def test_cooperative_launches_fit_the_resident_grid_and_get_zeroed_scratch(fake_
     zeroed = [size for _, _, size, _ in (c for c in fake.calls if c[0] == "memset")]
     total, _ = the_plan.scratch_layout()
     assert zeroed == [total] and total >= the_plan.scratch_bytes  # one fill for every scratch buffer
+    # blocks that wait on each other launch cooperatively: resident together whatever else runs
+    assert fake.cooperative == [s.kernel for s in the_plan.launches if s.cooperative]
+    assert rt.cooperative_launch().startswith("cooperative (")
+
+
+def test_without_a_cooperative_launch_in_the_runtime_every_launch_is_plain(fake_runtime):
+    rt, fake = fake_runtime
+    fake.hipModuleLaunchCooperativeKernel = None  # as hip-python where the runtime lacks it (ROCm 5.2)
+    the_plan = plan(RowProblem("float32", "softmax", rows=4, cols=200_000), rt.profile(0))
+    assert any(s.cooperative for s in the_plan.launches), the_plan.tier
+    rt.run_host(np.zeros((4, 200_000), np.float32), the_plan, "float32", 0)
+    assert fake.cooperative == []
+    assert [c[1] for c in fake.calls if c[0] == "launch"] == [s.kernel for s in the_plan.launches]
+    assert rt.cooperative_launch().startswith("plain (")
 
 
 def test_prepared_launcher_reuses_the_plan_with_new_pointers(fake_runtime):

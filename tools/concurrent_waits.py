@@ -1,0 +1,68 @@
+"""Launches whose blocks wait on each other, side by side on streams of different priority.
+
+    python3 tools/concurrent_waits.py [--plain] [--iterations N] [--cols C]
+
+The on-chip tiers' blocks wait for the other chunks of their row (or tile) and need every block
+of the launch resident at once. Here each iteration queues a large elementwise kernel on one
+stream (it holds part of the device), then softmax of long rows on a low-priority stream and
+log_softmax of the same rows on a high-priority stream, so that the blocks freed by the first
+kernel are contended by the two waiting launches. Cooperative launches (the default) are
+resident whole; --plain launches them as ordinary kernels, which may leave both partly resident
+and waiting for ever. Prints "ok" and the largest errors against float64 when every launch
+finished; run it under a timeout (tests/test_gpu.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import portable_softmax as ps
+from portable_softmax import _probe, api
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plain", action="store_true", help="launch cooperative steps as ordinary kernels")
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--cols", type=int, default=131072)
+    args = ap.parse_args()
+    rt = _probe.runtime("cuda")
+    if args.plain:
+        rt._launch_cooperative, rt._cooperative_entry_point = None, 0
+    print(f"cooperative launch: {'plain (--plain)' if args.plain else rt.cooperative_launch()}", flush=True)
+    # torch maps a priority past the device's range to the nearest it has: -100 is the highest
+    low, high, busy = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-100), torch.cuda.Stream()
+    x = torch.randn(args.rows, args.cols, device="cuda") * 4
+    filler = torch.ones(1 << 27, device="cuda")
+    expected_soft = torch.softmax(x.double(), dim=-1)
+    expected_log = torch.log_softmax(x.double(), dim=-1)
+    rows = api.describe(tuple(x.shape), x.stride(), 1)
+    plan = api.plan(api.problem_for("float32", "softmax", False, rows, rows, x.data_ptr(), x.data_ptr()),
+                    rt.profile(torch.cuda.current_device()))
+    print(f"plan: {plan.tier}, cooperative steps: {[s.kernel for s in plan.launches if s.cooperative]}", flush=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    soft = log = None
+    for _ in range(args.iterations):
+        with torch.cuda.stream(busy):
+            filler.mul_(1.0)
+        with torch.cuda.stream(low):
+            soft = ps.softmax(x)
+        with torch.cuda.stream(high):
+            log = ps.log_softmax(x)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    soft_err = float((soft.double() - expected_soft).abs().max())
+    log_err = float((log.double() - expected_log).abs().max())
+    print(f"ok: {args.iterations} iterations in {seconds:.2f} s; max error softmax {soft_err:.1e}, "
+          f"log_softmax {log_err:.1e}", flush=True)
+    if not (soft_err < 1e-6 and log_err < 1e-4):
+        raise SystemExit("outputs off the float64 reference")
+
+
+if __name__ == "__main__":
+    main()
