@@ -2,11 +2,14 @@
 
     python3 tools/ab_bench.py VARIANTS SPECS [--reps N]
 
-VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes, or
-V.NAME for the variant catalogue's; an empty list keeps the committed planner), SPECS a
-','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each variant's % of the
-device-to-device copy, torch's, and the largest error against torch in float64 (every variant is
-checked, so a fast wrong kernel shows).
+VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
+V.NAME for the variant catalogue's, or RT.NAME for the CUDA runtime adapter's: RT._launch_cooperative:None
+and RT._cooperative_entry_point:0 launch cooperative steps plainly; an empty list keeps the committed
+planner), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each
+variant's % of the device-to-device copy, torch's, and the largest error against torch in float64
+(every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
+of back-to-back softmax calls of torch tensors (the prepared launcher's path) and their device
+time, per variant, beside torch's.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import ast
 import torch
 
 import portable_softmax as ps
-from portable_softmax import api, planner
-from portable_softmax.bench import _Timer, device_copies, fastest_copy_ms
+from portable_softmax import _probe, api, planner
+from portable_softmax.bench import _Timer, back_to_back_us, device_copies, device_us, fastest_copy_ms
 
 
 def split_top_level(text: str) -> list[str]:
@@ -49,8 +52,10 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 
 def owner_of(key: str) -> tuple[object, str]:
-    """The module a knob lives in and its name there: planner attributes, or V.NAME for the
-    variant catalogue the planner reads (planner.V)."""
+    """The object a knob lives in and its name there: planner attributes, V.NAME for the variant
+    catalogue the planner reads (planner.V), or RT.NAME for the CUDA runtime adapter."""
+    if key.startswith("RT."):
+        return _probe.runtime("cuda"), key[3:]
     return (planner.V, key[2:]) if key.startswith("V.") else (planner, key)
 
 
@@ -67,9 +72,13 @@ def main() -> None:
     ap.add_argument("specs")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ops", default="softmax,log_softmax")
+    ap.add_argument("--latency", action="store_true", help="host and device time per call of small inputs")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     defaults = {key: getattr(*owner_of(key)) for _, s in variants for key in s}
+    if args.latency:
+        latency(variants, defaults, args.specs)
+        return
     timer = _Timer(torch, args.reps)
     copies = device_copies(torch)
     print("spec op " + " ".join(name for name, _ in variants) + " torch | copyGB/s | max err of each")
@@ -101,6 +110,27 @@ def main() -> None:
             del ref
         del x, y
         torch.cuda.empty_cache()
+
+
+def latency(variants, defaults, specs: str) -> None:
+    """Per spec, each variant's wall time per call of 2000 back-to-back calls (one sync at the end)
+    and device time per call of 400 calls queued behind a GPU sleep, then torch's, in us."""
+    print("spec " + " ".join(f"{name}_wall {name}_device" for name, _ in variants) + " torch_wall torch_device")
+    for spec in specs.split(","):
+        dtype, shape = spec.split(":")[0], tuple(int(d) for d in spec.split(":")[1].split("x"))
+        x = (torch.randn(*shape, device="cuda") * 4).to(getattr(torch, dtype))
+        ref = torch.softmax(x.double(), dim=-1)
+        cells = []
+        for _, settings in variants:
+            use(settings, defaults)
+            call = lambda x=x: ps.softmax(x)  # noqa: E731
+            cells += [back_to_back_us(torch, call, 2000), device_us(torch, call)]
+            err = float((call().double() - ref).abs().nan_to_num(1e30).max())
+            assert err < (1e-5 if x.element_size() >= 4 else 1e-2), f"{spec}: error {err} against float64"
+        use({}, defaults)
+        theirs = lambda x=x: torch.softmax(x, dim=-1)  # noqa: E731
+        cells += [back_to_back_us(torch, theirs, 2000), device_us(torch, theirs)]
+        print(f"{spec} " + " ".join(f"{c:.2f}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":
