@@ -3,10 +3,10 @@
 Loads the AOT fatbin of a dtype (``kernels/softmax_<tag>.fatbin``) as a module;
 when it holds no code for the device, compiles the packaged source with NVRTC
 for the device's arch (cupy caches the binary on disk). Launches go through
-cuLaunchKernel on the caller's stream with the plan's packed arguments, and launches whose
-blocks wait on each other through cuLaunchCooperativeKernel, which guarantees that they are
-all resident at once whatever else runs on the device; prepared repeat-call launchers call
-them from C (``_fastlaunch``) where that module is built.
+cuLaunchKernel on the caller's stream with the plan's packed arguments (launches whose blocks
+wait on each other through cuLaunchCooperativeKernel where PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1
+asks for it); prepared repeat-call launchers call them from C (``_fastlaunch``) where that module
+is built.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _launch
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
 from .planner import PTR, DeviceProfile, Plan, one_wave
@@ -152,7 +153,7 @@ class CudaRuntime:
 
     def _launch_one(self, fn: int, grid: int, block: int, shared_mem: int, stream: int, params: int,
                     cooperative: bool) -> None:
-        if cooperative and self._launch_cooperative is not None:
+        if cooperative and _launch.COOPERATIVE_LAUNCHES and self._launch_cooperative is not None:
             self._launch_cooperative(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params)
         else:
             self.driver.launchKernel(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, 0)
@@ -165,8 +166,10 @@ class CudaRuntime:
 
     def cooperative_entry_point(self) -> int | None:
         """cuLaunchCooperativeKernel's address for the compiled launcher (looked up once); None
-        where the Python path launches such steps plainly too (no launchCooperativeKernel in cupy),
-        so that both paths launch alike."""
+        where the Python path launches such steps plainly too (cooperative launches not asked for,
+        or no launchCooperativeKernel in cupy), so that both paths launch alike."""
+        if not _launch.COOPERATIVE_LAUNCHES:
+            return None
         if self._cooperative_entry_point is None:
             found = cuda_launch_entry_point("cuLaunchCooperativeKernel") if self._launch_cooperative else None
             self._cooperative_entry_point = found or 0
@@ -174,6 +177,8 @@ class CudaRuntime:
 
     def cooperative_launch(self) -> str:
         """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
+        if not _launch.COOPERATIVE_LAUNCHES:
+            return f"plain (the default; {_launch.COOPERATIVE_ENV}=1 makes them cooperative)"
         if self._launch_cooperative is None:
             return (f"plain (cupy {self.cupy.__version__} has no driver.launchCooperativeKernel: such "
                     "launches rely on no other such launch running beside them)")

@@ -4,10 +4,11 @@ Loads the AOT code-object bundle of a dtype (``kernels/softmax_<tag>.hsaco``)
 with hipModuleLoadData when it holds code for the device's target; otherwise
 compiles the packaged ``src_hip/`` source with hipRTC for exactly that target
 and caches the code object on disk. Launches go through hipModuleLaunchKernel
-on the caller's stream with the plan's packed arguments, and launches whose blocks
-wait on each other through hipModuleLaunchCooperativeKernel where the runtime has it
-(ROCm 5.2's has not); prepared repeat-call launchers call them from C
-(``_fastlaunch``) where that module is built.
+on the caller's stream with the plan's packed arguments (launches whose blocks wait
+on each other through hipModuleLaunchCooperativeKernel where the runtime has it and
+PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1 asks for it; ROCm 5.2's runtime has not);
+prepared repeat-call launchers call them from C (``_fastlaunch``) where that module
+is built.
 
 Everything that does not need a GPU (error mapping, target matching, bundle
 parsing, the device profile, hipRTC compilation and its cache) is a plain
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _launch
 from . import _variants as V
 from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
 from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
@@ -541,7 +543,10 @@ class HipRuntime:
             self._call("hipModuleLaunchKernel", fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)
 
     def _cooperative_launcher(self):
-        """hip-python's hipModuleLaunchCooperativeKernel where the loaded runtime has it, else None."""
+        """hip-python's hipModuleLaunchCooperativeKernel where the loaded runtime has it and
+        cooperative launches are asked for, else None."""
+        if not _launch.COOPERATIVE_LAUNCHES:
+            return None
         if self._launch_cooperative is None:
             found = getattr(self.hip, "hipModuleLaunchCooperativeKernel", None)
             if found is not None and isinstance(self.hip, types.ModuleType):
@@ -552,7 +557,10 @@ class HipRuntime:
 
     def cooperative_entry_point(self) -> int | None:
         """hipModuleLaunchCooperativeKernel's address for the compiled launcher (looked up once);
-        None where the runtime lacks it, or for a stand-in for hip-python."""
+        None where cooperative launches are not asked for, the runtime lacks it, or for a stand-in
+        for hip-python."""
+        if not _launch.COOPERATIVE_LAUNCHES:
+            return None
         if self._cooperative_entry_point is None:
             real = isinstance(self.hip, types.ModuleType)
             found = hip_launch_entry_point(symbol="hipModuleLaunchCooperativeKernel") if real else None
@@ -561,6 +569,8 @@ class HipRuntime:
 
     def cooperative_launch(self) -> str:
         """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
+        if not _launch.COOPERATIVE_LAUNCHES:
+            return f"plain (the default; {_launch.COOPERATIVE_ENV}=1 makes them cooperative)"
         if self._cooperative_launcher() is None:
             return ("plain (hipModuleLaunchCooperativeKernel is not in this HIP runtime: such launches "
                     "rely on no other such launch running beside them)")

@@ -476,11 +476,16 @@ def test_cuda_prepare_launches_through_the_compiled_launcher(fl, stub, rng):
     check_calls(fl._recorded()[-len(the_plan.launches):], the_plan, functions, grids, {"x": x, "y": y}, 5)
 
 
-@pytest.mark.parametrize("problem", [RowProblem("float32", "log_softmax", rows=3, cols=5000),
-                                     RowProblem("float32", "softmax", rows=20, cols=200_000)],
-                         ids=["plain", "cooperative"])
+@pytest.mark.parametrize("problem, asked", [(RowProblem("float32", "log_softmax", rows=3, cols=5000), True),
+                                            (RowProblem("float32", "softmax", rows=20, cols=200_000), True),
+                                            (RowProblem("float32", "softmax", rows=20, cols=200_000), False)],
+                         ids=["plain", "cooperative", "cooperative-not-asked-for"])
 def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, cooperative_stub, rng, monkeypatch,
-                                                                problem):
+                                                                problem, asked):
+    """The compiled and the Python launcher pass the same values to the same entry points: the
+    cooperative one for steps whose blocks wait on each other where cooperative launches are
+    asked for (PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1), the plain one for every other step."""
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", asked)
     the_plan = plan(problem, DEVICES["h100"])
     scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
     x, y, stream = random_address(rng, 16), random_address(rng, 16), 0x5EED
@@ -495,7 +500,7 @@ def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, cooper
         kinds = [k for k, _ in step.args]
         for key in ("function", "grid", "block", "shared_bytes", "stream", "cooperative"):
             assert via_python[key] == via_c[key], key
-        assert via_c["cooperative"] == step.cooperative
+        assert via_c["cooperative"] == (asked and step.cooperative)
         assert _python_launcher_params(via_python, kinds) == decode(via_c["params"], kinds)
     assert python.launcher_kind() == f"python ({_launch.LAUNCHER_ENV}=python)"
     assert any(s.cooperative for s in the_plan.launches) == (the_plan.tier != "block")
@@ -567,7 +572,9 @@ def test_hip_prepare_launches_through_the_compiled_launcher(fl, stub, rng):
             assert rt.switches[-2:] == [1, 0] and rt.current == 0
 
 
-def test_hip_prepare_takes_the_cooperative_entry_point_where_the_runtime_has_one(fl, stub, cooperative_stub, rng):
+def test_hip_prepare_takes_the_cooperative_entry_point_where_the_runtime_has_one(fl, stub, cooperative_stub, rng,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", True)
     the_plan = plan(RowProblem("float32", "softmax", rows=20, cols=400_000), DEVICES["mi300x"])
     assert any(s.cooperative for s in the_plan.launches), the_plan.tier
     scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
@@ -578,6 +585,10 @@ def test_hip_prepare_takes_the_cooperative_entry_point_where_the_runtime_has_one
         rt.prepare(the_plan, "float32", 0, scratch)(0x1000, 0x2000, 3)
         calls = fl._recorded()[-len(the_plan.launches):]
         check_calls(calls, the_plan, functions, grids, {"x": 0x1000, "y": 0x2000, **scratch}, 3, cooperative)
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", False)  # the default: plain launches
+    StubHip(stub, cooperative_entry_point=cooperative_stub).prepare(the_plan, "float32", 0, scratch)(0x1000, 0x2000, 3)
+    calls = fl._recorded()[-len(the_plan.launches):]
+    check_calls(calls, the_plan, functions, grids, {"x": 0x1000, "y": 0x2000, **scratch}, 3, cooperative=False)
 
 
 def test_hip_launch_errors_carry_hips_name_for_the_code(fl):

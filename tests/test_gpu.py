@@ -430,40 +430,64 @@ def test_long_non_last_axes_are_cached_on_chip(rng, dtype):
             assert_matches(_to_numpy(out), _to_numpy(v.contiguous()), axis=axis, op=op, what=name)
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "cooperative"])
+def cooperative(request, monkeypatch):
+    """Both ways of launching the tiers whose blocks wait on each other: plain (the default) and
+    cooperative (PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1); launchers prepared the other way are
+    dropped before and after."""
+    from portable_softmax import _launch, api
+
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", request.param)
+    api._prepared.clear()
+    yield request.param
+    api._prepared.clear()
+
+
 @needs_cuda
-def test_launches_whose_blocks_wait_on_each_other_are_cooperative():
-    """The on-chip tiers' blocks wait for each other: their launches go through
-    cuLaunchCooperativeKernel, from Python and from the compiled launcher alike."""
+def test_launches_whose_blocks_wait_on_each_other_take_the_entry_point_asked_for(rng, cooperative):
+    """The on-chip tiers' launches go through cuLaunchKernel by default and through
+    cuLaunchCooperativeKernel when asked for, from Python and from the compiled launcher alike,
+    and are right either way (out= takes the Python path, a repeat call the prepared one)."""
+    torch = _torch_cuda()
     info = ps.backend_info()
-    assert info["cooperative_launch"].startswith("cooperative ("), info["cooperative_launch"]
+    assert info["cooperative_launch"].startswith("cooperative (" if cooperative else "plain ("), info
     rt = _probe.runtime("cuda")
-    if rt.launch_entry_point():
+    if cooperative and rt.launch_entry_point():
         assert rt.cooperative_entry_point(), "cuLaunchCooperativeKernel not found for the compiled launcher"
+    x = torch.from_numpy(random_input(rng, (64, 131072), "float32")).cuda()
+    assert any(s.cooperative for s in _plan_of(x).launches)
+    out = torch.full_like(x, float("nan"))
+    ps.softmax(x, out=out)
+    assert_matches(_to_numpy(out), _to_numpy(x), what="Python launch")
+    for call in range(2):  # the second call replays the prepared launcher
+        assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x), what=f"call {call}")
 
 
 @needs_cuda
-def test_waiting_launches_on_streams_of_different_priority_all_finish():
+@pytest.mark.parametrize("mode", ["--plain", "--cooperative"])
+def test_waiting_launches_on_streams_of_different_priority_all_finish(mode):
     """Two on-chip split launches on a low- and a high-priority stream, queued behind a kernel
     that holds part of the device, 200 times: every launch finishes and matches float64. In a
     subprocess with a time limit, so that launches waiting for ever fail the test instead of
     holding the suite."""
     tool = os.path.join(os.path.dirname(__file__), "..", "tools", "concurrent_waits.py")
     try:
-        proc = subprocess.run([sys.executable, tool, "--iterations", "200"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, tool, mode, "--iterations", "200"], capture_output=True, text=True,
                               timeout=120)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the waiting launches did not finish in 120 s: {e.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cooperative (" in proc.stdout and "plan: cached" in proc.stdout and "ok:" in proc.stdout, proc.stdout
+    assert f"cooperative launch: {mode[2:]} (" in proc.stdout, proc.stdout
+    assert "plan: cached" in proc.stdout and "ok:" in proc.stdout, proc.stdout
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype, shape, axis, tier", [("float32", (16, 131072), -1, "cached"),
                                                       ("bfloat16", (8192, 512), 0, "strided_cached"),
                                                       ("float32", (1, 1 << 22), -1, "split")])
-def test_a_captured_graph_replays_launches_with_scratch(rng, dtype, shape, axis, tier):
-    """A CUDA graph captured around softmax (cooperative launches, scratch zeroed inside the
-    capture) gives the right outputs on every replay with fresh inputs."""
+def test_a_captured_graph_replays_launches_with_scratch(rng, cooperative, dtype, shape, axis, tier):
+    """A CUDA graph captured around softmax (plain or cooperative launches, scratch zeroed inside
+    the capture) gives the right outputs on every replay with fresh inputs."""
     torch = _torch_cuda()
     tdtype = getattr(torch, dtype)
     static = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", tdtype)

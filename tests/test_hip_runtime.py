@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from portable_softmax import _hip, _probe
+from portable_softmax import _hip, _launch, _probe
 from portable_softmax import _variants as V
 from portable_softmax.planner import DeviceProfile, RowProblem, plan
 
@@ -383,8 +383,9 @@ def test_planner_profiles_from_the_adapter_pick_the_devices_warp(fake_runtime):
     assert "_w64_" in step.kernel
 
 
-def test_cooperative_launches_fit_the_resident_grid_and_get_zeroed_scratch(fake_runtime):
+def test_cooperative_launches_fit_the_resident_grid_and_get_zeroed_scratch(fake_runtime, monkeypatch):
     rt, fake = fake_runtime
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", True)  # PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1
     prof = rt.profile(0)
     the_plan = plan(RowProblem("float32", "softmax", rows=4, cols=200_000), prof)
     coop = [s for s in the_plan.launches if s.cooperative]
@@ -407,9 +408,15 @@ def test_cooperative_launches_fit_the_resident_grid_and_get_zeroed_scratch(fake_
     assert rt.cooperative_launch().startswith("cooperative (")
 
 
-def test_without_a_cooperative_launch_in_the_runtime_every_launch_is_plain(fake_runtime):
+@pytest.mark.parametrize("asked, in_runtime", [(False, True), (True, False)],
+                         ids=["not-asked-for", "not-in-the-runtime"])
+def test_otherwise_every_launch_is_plain(fake_runtime, monkeypatch, asked, in_runtime):
+    """Cooperative launches not asked for (the default), or asked for where the runtime lacks
+    hipModuleLaunchCooperativeKernel (ROCm 5.2): every launch takes hipModuleLaunchKernel."""
     rt, fake = fake_runtime
-    fake.hipModuleLaunchCooperativeKernel = None  # as hip-python where the runtime lacks it (ROCm 5.2)
+    monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", asked)
+    if not in_runtime:
+        fake.hipModuleLaunchCooperativeKernel = None  # as hip-python where the runtime lacks it
     the_plan = plan(RowProblem("float32", "softmax", rows=4, cols=200_000), rt.profile(0))
     assert any(s.cooperative for s in the_plan.launches), the_plan.tier
     rt.run_host(np.zeros((4, 200_000), np.float32), the_plan, "float32", 0)

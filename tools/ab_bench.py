@@ -3,9 +3,9 @@
     python3 tools/ab_bench.py VARIANTS SPECS [--reps N]
 
 VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
-V.NAME for the variant catalogue's, or RT.NAME for the CUDA runtime adapter's: RT._launch_cooperative:None
-and RT._cooperative_entry_point:0 launch cooperative steps plainly; an empty list keeps the committed
-planner), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each
+V.NAME for the variant catalogue's, L.NAME for the launch module's (L.COOPERATIVE_LAUNCHES:True
+launches the on-chip tiers cooperatively), or RT.NAME for the CUDA runtime adapter's; an empty list
+keeps the committed settings), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each
 variant's % of the device-to-device copy, torch's, and the largest error against torch in float64
 (every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
 of back-to-back softmax calls of torch tensors (the prepared launcher's path) and their device
@@ -20,7 +20,7 @@ import ast
 import torch
 
 import portable_softmax as ps
-from portable_softmax import _probe, api, planner
+from portable_softmax import _launch, _probe, api, planner
 from portable_softmax.bench import _Timer, back_to_back_us, device_copies, device_us, fastest_copy_ms
 
 
@@ -53,9 +53,12 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 def owner_of(key: str) -> tuple[object, str]:
     """The object a knob lives in and its name there: planner attributes, V.NAME for the variant
-    catalogue the planner reads (planner.V), or RT.NAME for the CUDA runtime adapter."""
+    catalogue the planner reads (planner.V), L.NAME for the launch module (_launch), or RT.NAME
+    for the CUDA runtime adapter."""
     if key.startswith("RT."):
         return _probe.runtime("cuda"), key[3:]
+    if key.startswith("L."):
+        return _launch, key[2:]
     return (planner.V, key[2:]) if key.startswith("V.") else (planner, key)
 
 

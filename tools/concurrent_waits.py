@@ -1,14 +1,15 @@
 """Launches whose blocks wait on each other, side by side on streams of different priority.
 
-    python3 tools/concurrent_waits.py [--plain] [--iterations N] [--cols C]
+    python3 tools/concurrent_waits.py [--cooperative | --plain] [--iterations N] [--rows R] [--cols C]
 
 The on-chip tiers' blocks wait for the other chunks of their row (or tile) and need every block
 of the launch resident at once. Here each iteration queues a large elementwise kernel on one
 stream (it holds part of the device), then softmax of long rows on a low-priority stream and
 log_softmax of the same rows on a high-priority stream, so that the blocks freed by the first
-kernel are contended by the two waiting launches. Cooperative launches (the default) are
-resident whole; --plain launches them as ordinary kernels, which may leave both partly resident
-and waiting for ever. Prints "ok" and the largest errors against float64 when every launch
+kernel are contended by the two waiting launches. --cooperative launches them cooperatively
+(resident whole, as PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1 does), --plain as ordinary kernels (the
+default), which nothing but the order the device starts blocks in keeps from being partly resident
+both and waiting for ever. Prints "ok" and the largest errors against float64 when every launch
 finished; run it under a timeout (tests/test_gpu.py does).
 """
 
@@ -20,20 +21,22 @@ import time
 import torch
 
 import portable_softmax as ps
-from portable_softmax import _probe, api
+from portable_softmax import _launch, _probe, api
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--plain", action="store_true", help="launch cooperative steps as ordinary kernels")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--cooperative", action="store_true", help="launch waiting steps cooperatively")
+    mode.add_argument("--plain", action="store_true", help="launch waiting steps as ordinary kernels")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=131072)
     args = ap.parse_args()
     rt = _probe.runtime("cuda")
-    if args.plain:
-        rt._launch_cooperative, rt._cooperative_entry_point = None, 0
-    print(f"cooperative launch: {'plain (--plain)' if args.plain else rt.cooperative_launch()}", flush=True)
+    if args.cooperative or args.plain:
+        _launch.COOPERATIVE_LAUNCHES = args.cooperative
+    print(f"cooperative launch: {rt.cooperative_launch()}", flush=True)
     # torch maps a priority past the device's range to the nearest it has: -100 is the highest
     low, high, busy = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-100), torch.cuda.Stream()
     x = torch.randn(args.rows, args.cols, device="cuda") * 4
