@@ -18,7 +18,7 @@ elapsed() { echo $(( $(date +%s) - start )); }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, cupy; print('torch', torch.__version__, 'cupy', cupy.__version__)"
-  git rev-parse --short HEAD 2>/dev/null; git status --short 2>/dev/null | head -20; date -u; } > "$OUT/env.txt" 2>&1
+  date -u; } > "$OUT/env.txt" 2>&1  # no git state: the lent machine's copy of .git need not match the tree
 
 if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
