@@ -21,7 +21,15 @@ import numpy as np
 
 from . import _launch
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
+from ._launch import (
+    KERNEL_DIR,
+    PackedArgs,
+    compiled_launcher,
+    cooperative_launch_status,
+    inline_source,
+    launcher_kind,
+    source_dir,
+)
 from .planner import PTR, DeviceProfile, Plan, one_wave
 
 _STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
@@ -177,12 +185,9 @@ class CudaRuntime:
 
     def cooperative_launch(self) -> str:
         """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
-        if not _launch.COOPERATIVE_LAUNCHES:
-            return f"plain (the default; {_launch.COOPERATIVE_ENV}=1 makes them cooperative)"
-        if self._launch_cooperative is None:
-            return (f"plain (cupy {self.cupy.__version__} has no driver.launchCooperativeKernel: such "
-                    "launches rely on no other such launch running beside them)")
-        return "cooperative (cuLaunchCooperativeKernel: all blocks resident at once)"
+        return cooperative_launch_status(self._launch_cooperative is not None,
+                                         f"cupy {self.cupy.__version__} has no driver.launchCooperativeKernel",
+                                         "cuLaunchCooperativeKernel")
 
     def launcher_kind(self) -> str:
         """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""

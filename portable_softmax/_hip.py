@@ -34,7 +34,15 @@ import numpy as np
 
 from . import _launch
 from . import _variants as V
-from ._launch import KERNEL_DIR, PackedArgs, compiled_launcher, inline_source, launcher_kind, source_dir
+from ._launch import (
+    KERNEL_DIR,
+    PackedArgs,
+    compiled_launcher,
+    cooperative_launch_status,
+    inline_source,
+    launcher_kind,
+    source_dir,
+)
 from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
@@ -569,12 +577,9 @@ class HipRuntime:
 
     def cooperative_launch(self) -> str:
         """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
-        if not _launch.COOPERATIVE_LAUNCHES:
-            return f"plain (the default; {_launch.COOPERATIVE_ENV}=1 makes them cooperative)"
-        if self._cooperative_launcher() is None:
-            return ("plain (hipModuleLaunchCooperativeKernel is not in this HIP runtime: such launches "
-                    "rely on no other such launch running beside them)")
-        return "cooperative (hipModuleLaunchCooperativeKernel: all blocks resident at once)"
+        return cooperative_launch_status(self._cooperative_launcher() is not None,
+                                         "hipModuleLaunchCooperativeKernel is not in this HIP runtime",
+                                         "hipModuleLaunchCooperativeKernel")
 
     def launch_entry_point(self) -> int | None:
         """hipModuleLaunchKernel's address in the library hip-python loaded (looked up once), for

@@ -162,6 +162,16 @@ def launcher_kind(entry_point: int | None, missing: str) -> str:
     return status
 
 
+def cooperative_launch_status(available: bool, missing: str, entry: str) -> str:
+    """How a runtime launches the steps whose blocks wait on each other: 'plain (why)', or
+    'cooperative (``entry``)' where they are asked for and ``available`` (else ``missing`` says why)."""
+    if not COOPERATIVE_LAUNCHES:
+        return f"plain (the default; {COOPERATIVE_ENV}=1 makes them cooperative)"
+    if not available:
+        return f"plain ({missing}: such launches rely on no other such launch running beside them)"
+    return f"cooperative ({entry}: all blocks resident at once)"
+
+
 def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
                    buffers: Mapping[str, int] | None = None, cooperative: bool = False) -> list[tuple]:
     """A plan's launches as ``_fastlaunch.Launcher`` steps.

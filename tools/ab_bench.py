@@ -4,9 +4,9 @@
 
 VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
 V.NAME for the variant catalogue's, L.NAME for the launch module's (L.COOPERATIVE_LAUNCHES:True
-launches the on-chip tiers cooperatively), or RT.NAME for the CUDA runtime adapter's; an empty list
-keeps the committed settings), SPECS a ','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each
-variant's % of the device-to-device copy, torch's, and the largest error against torch in float64
+launches the on-chip tiers cooperatively); an empty list keeps the committed settings), SPECS a
+','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each variant's % of the
+device-to-device copy, torch's, and the largest error against torch in float64
 (every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
 of back-to-back softmax calls of torch tensors (the prepared launcher's path) and their device
 time, per variant, beside torch's.
@@ -20,7 +20,7 @@ import ast
 import torch
 
 import portable_softmax as ps
-from portable_softmax import _launch, _probe, api, planner
+from portable_softmax import _launch, api, planner
 from portable_softmax.bench import _Timer, back_to_back_us, device_copies, device_us, fastest_copy_ms
 
 
@@ -52,11 +52,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 
 def owner_of(key: str) -> tuple[object, str]:
-    """The object a knob lives in and its name there: planner attributes, V.NAME for the variant
-    catalogue the planner reads (planner.V), L.NAME for the launch module (_launch), or RT.NAME
-    for the CUDA runtime adapter."""
-    if key.startswith("RT."):
-        return _probe.runtime("cuda"), key[3:]
+    """The module a knob lives in and its name there: planner attributes, V.NAME for the variant
+    catalogue the planner reads (planner.V), or L.NAME for the launch module (_launch)."""
     if key.startswith("L."):
         return _launch, key[2:]
     return (planner.V, key[2:]) if key.startswith("V.") else (planner, key)
