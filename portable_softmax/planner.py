@@ -778,6 +778,17 @@ ROW_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["block_registers"]  # the kernels
 #: block a multiprocessor holds (float32 50257 and 65536, 16-bit 100000 columns) measured level to 4
 #: slower at 512 threads, so they keep their plans.
 ROW_REGISTERS_PAIRED = True
+#: a block alone on its multiprocessor (BLOCK_TIER_WHOLE_SM, and block_rows_registers at the launch
+#: bound's threads) takes rows only where they make this many waves of such blocks; fewer rows go
+#: to the on-chip split. A block alone stops its multiprocessor's loads while it reduces and
+#: stores, and in few waves the device's blocks stay in step, so the memory idles with them (the
+#: split's rows spread over all multiprocessors, each chunk's stores refilling it with the next
+#: row's). Measured on an H100 (same process, % of the copy, softmax / log_softmax, 2026-11-26),
+#: block alone against the split: 1.1-3 waves bfloat16 150-390 rows of 100000-160000 columns
+#: 71-92 -> 83-97 (209x160000 86-88 -> 96-97), float32 150-390 rows of 50257-80000 columns 80-94
+#: -> 89-98 (209x80000 89-91 -> 97-98), but float32 256x65536 93-94 -> 90-93; 3-4 waves (396-528
+#: rows) level to +6; 3.9-7.8 waves (512-1024 rows) 1-2 slower split (bfloat16 1024x131072 94 -> 92).
+BLOCK_ALONE_MIN_WAVES = 4
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
 CACHED_THREADS = 256
@@ -966,14 +977,16 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         return paired
 
     # A row that one block's shared memory holds: a block per row, alone on its multiprocessor (its
-    # slots, more than half a multiprocessor's shared memory holds, take BLOCK_TIER_MAX_THREADS).
-    if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows
+    # slots, more than half a multiprocessor's shared memory holds, take BLOCK_TIER_MAX_THREADS),
+    # where the rows make BLOCK_ALONE_MIN_WAVES waves of such blocks.
+    waves_alone = p.rows >= BLOCK_ALONE_MIN_WAVES * device.multiprocessors
+    if (BLOCK_TIER_WHOLE_SM and has_async_copy(device) and not few_rows and waves_alone
             and cache_bytes + static_bytes <= device.shared_mem_per_block_optin):
         return block_plan()
 
     # Longer rows that one block holds in its shared memory and its threads' registers: a block a
-    # row alone on its multiprocessor, the row's first slots in registers.
-    alone = registers_plan(ROW_REGISTERS_THREADS)
+    # row alone on its multiprocessor, the row's first slots in registers (as many waves).
+    alone = registers_plan(ROW_REGISTERS_THREADS) if waves_alone else None
     if alone is not None:
         return alone
 

@@ -551,6 +551,7 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
     kRowRegisterSlots a thread at any block size, and every emulated thread keeps a fiber stack
     mapped per host thread."""
     monkeypatch.setattr(planner, "ROW_REGISTERS_THREADS", 256)
+    monkeypatch.setattr(planner, "BLOCK_ALONE_MIN_WAVES", 1)  # 7 rows on the emulated 4 multiprocessors
     block_sizes = set()
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS

@@ -343,6 +343,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     monkeypatch.setattr(planner, "CLUSTER_SPLIT", tier == "cluster")
     monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", tier == "block")
     monkeypatch.setattr(planner, "ROW_REGISTERS", tier == "block_registers")
+    monkeypatch.setattr(planner, "BLOCK_ALONE_MIN_WAVES", 0)  # blocks alone at any number of rows
     monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2, 4))  # float32 clusters too, which none plans
     planner.plan.cache_clear()
     api._prepared.clear()

@@ -632,6 +632,22 @@ def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asyn
     assert plan(RowProblem("float32", "softmax", 4096, 12000), PROFILES["mi300x"]).tier == "cached"
 
 
+def test_rows_a_block_alone_takes_need_waves_of_blocks_else_split():
+    """A block alone on its multiprocessor (the block tier's whole-multiprocessor rows, and rows in
+    registers and shared memory) only where the rows make BLOCK_ALONE_MIN_WAVES waves of them:
+    fewer rows go to the on-chip split, spread over every multiprocessor."""
+    h100 = PROFILES["h100"]
+    waves = planner.BLOCK_ALONE_MIN_WAVES * h100.multiprocessors
+    for dtype, cols, alone in (("float32", 50257, "block"), ("bfloat16", 100000, "block"),
+                               ("float32", 80000, "block_registers"), ("bfloat16", 160000, "block_registers")):
+        assert plan(RowProblem(dtype, "softmax", waves, cols), h100).tier == alone, (dtype, cols)
+        for rows in (waves - 1, 2 * h100.multiprocessors, h100.multiprocessors + 1):
+            p = plan(RowProblem(dtype, "softmax", rows, cols), h100)
+            assert p.tier == "cached" and "held_slots" in p.notes, (dtype, cols, rows, p.tier)
+    # rows that two blocks a multiprocessor hold keep their plans at any number of waves
+    assert plan(RowProblem("float32", "softmax", 2 * h100.multiprocessors, 40000), h100).tier == "block_registers"
+
+
 def test_rows_two_blocks_hold_with_their_first_slots_in_registers_pair_up(monkeypatch):
     """Rows past half a multiprocessor's shared memory that two blocks of half the launch bound's
     threads hold, each with its first slots in registers: block_registers at 512 threads, two a
