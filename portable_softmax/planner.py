@@ -788,6 +788,8 @@ ROW_REGISTERS_PAIRED = True
 #: 71-92 -> 83-97 (209x160000 86-88 -> 96-97), float32 150-390 rows of 50257-80000 columns 80-94
 #: -> 89-98 (209x80000 89-91 -> 97-98), but float32 256x65536 93-94 -> 90-93; 3-4 waves (396-528
 #: rows) level to +6; 3.9-7.8 waves (512-1024 rows) 1-2 slower split (bfloat16 1024x131072 94 -> 92).
+#: On an H200 at 64 MiB (2026-11-25, before the split held slots in registers) the split led such
+#: blocks by 0-5 on the same rows but float32 256x65536 (3 behind).
 BLOCK_ALONE_MIN_WAVES = 4
 #: threads per block of the on-chip split tier (and the cluster tier), and chunks of its rows a
 #: multiprocessor holds
