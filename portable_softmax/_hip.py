@@ -557,9 +557,8 @@ class HipRuntime:
             return None
         if self._launch_cooperative is None:
             found = getattr(self.hip, "hipModuleLaunchCooperativeKernel", None)
-            if found is not None and isinstance(self.hip, types.ModuleType):
-                if not hip_launch_entry_point(symbol="hipModuleLaunchCooperativeKernel"):
-                    found = None  # hip-python binds it; this ROCm's runtime lacks it (5.2)
+            if found is not None and isinstance(self.hip, types.ModuleType) and not self.cooperative_entry_point():
+                found = None  # hip-python binds it; this ROCm's runtime lacks it (5.2)
             self._launch_cooperative = found or False
         return self._launch_cooperative or None
 
