@@ -277,6 +277,11 @@ class CudaRuntime:
             stream.synchronize()
             return pinned.view(x.dtype).reshape(x.shape).copy()
 
+    def synchronize_stream(self, device: int, stream: int) -> None:
+        """Wait for the work queued on ``stream`` of ``device`` (a per-thread handle: this thread's)."""
+        with self.cupy.cuda.Device(device):
+            self.cupy.cuda.runtime.streamSynchronize(stream)
+
     def current_device(self) -> int:
         return self.cupy.cuda.runtime.getDevice()
 

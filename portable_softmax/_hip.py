@@ -464,6 +464,11 @@ class HipRuntime:
             "runtime_version": str(self._call("hipRuntimeGetVersion")),
         }
 
+    def synchronize_stream(self, device: int, stream: int) -> None:
+        """Wait for the work queued on ``stream`` of ``device`` (a per-thread handle: this thread's)."""
+        with _on_device(self, device):
+            self._call("hipStreamSynchronize", stream)
+
     def current_device(self) -> int:
         return int(self._call("hipGetDevice"))
 

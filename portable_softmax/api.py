@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -193,7 +194,7 @@ def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> No
         elif src.capturing():  # a fill captured in a graph zeroes nothing until the graph runs
             base, keep = src.scratch(nbytes)
         else:
-            base = _zeroed_scratch(src, nbytes, stream)
+            base = _zeroed_scratch(src, nbytes, stream, rt)
         buffers.update((name, base + offset) for name, offset in offsets.items())
     rt.launch(the_plan, src.dtype, buffers, stream, src.device_index)
     del keep  # stream-ordered allocators reuse scratch only after the launches above
@@ -209,29 +210,110 @@ _ZEROED_SCRATCH_MIN_BYTES = 64 << 10
 _zeroed: dict[tuple, tuple[int, int, Any]] = {}
 #: buffers outgrown by a larger call: launches queued before it may still use them, so they stay
 _outgrown: list[Any] = []
+#: (vendor, device) -> zeroed buffers no launch uses any more (an ended thread's, its stream drained):
+#: the next stream new to the kept scratch takes one instead of a fill
+_idle: dict[tuple[str, int], list[tuple[int, int, Any]]] = {}
 #: the handle of the per-thread default stream (cudaStreamPerThread, hipStreamPerThread): the same
 #: number names a different stream in each host thread (cupy's Stream.ptds, or every default
 #: stream under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
 PER_THREAD_DEFAULT_STREAM = 2
 
 
+class _ThreadStream:
+    """This host thread's per-thread default stream, as the kept scratch tells it apart.
+
+    Its token is never given to another thread: a thread id is, once its thread ends, and a new
+    thread must not count in the scratch that the ended thread's last launches may still use. When
+    the thread ends (its thread-locals are cleared on it, so the handle still names its stream),
+    the stream is drained on each device it launched on and its buffers go to the idle ones.
+    """
+
+    _tokens = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.token = next(self._tokens)
+        #: (vendor, device) -> a call that waits for this thread's per-thread stream on that device
+        self.drains: dict[tuple[str, int], Callable[[], None]] = {}
+
+    def __del__(self) -> None:
+        try:
+            _retire_thread_stream(self)
+        except Exception:  # noqa: BLE001 -- interpreter exit: the module or the runtime may be gone
+            pass
+
+
+_this_thread = threading.local()
+
+
+def _thread_stream() -> _ThreadStream:
+    state = getattr(_this_thread, "stream", None)
+    if state is None:
+        state = _this_thread.stream = _ThreadStream()
+    return state
+
+
 def stream_key(stream: int) -> int | tuple[int, int]:
     """What tells `stream` from every other stream of its device: the handle, and for the per-thread
-    default stream also the host thread, whose launches run concurrently with other threads'."""
-    return (stream, threading.get_ident()) if stream == PER_THREAD_DEFAULT_STREAM else stream
+    default stream also the host thread (a token of its own), whose launches run concurrently with
+    other threads'."""
+    return (stream, _thread_stream().token) if stream == PER_THREAD_DEFAULT_STREAM else stream
 
 
-def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int) -> int:
-    """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long."""
+def _retire_thread_stream(state: _ThreadStream) -> None:
+    """An ended thread's kept scratch: idle once its per-thread stream has drained; where it cannot
+    be drained (the runtime fails), kept alive, never reused."""
+    key = (PER_THREAD_DEFAULT_STREAM, state.token)
+    for device_key, drain in state.drains.items():
+        try:
+            drain()
+            drained = True
+        except Exception:  # noqa: BLE001 -- any failure: the buffers may still be in use
+            drained = False
+        kept = _zeroed.pop((*device_key, key), None)
+        if kept is not None and drained:
+            _idle.setdefault(device_key, []).append(kept)
+        elif kept is not None:
+            _outgrown.append(kept[2])
+        # prepared launches bound to the thread's stream: never run again (their keys name it)
+        for prepared_key in [k for k, v in list(_prepared.items()) if v[2] == key and k[-1] == device_key[1]]:
+            prepared = _prepared.pop(prepared_key, None)
+            if prepared is not None and not drained:
+                _outgrown.append(prepared[3])
+
+
+def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt) -> int:
+    """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long.
+    ``rt`` (the runtime adapter) drains a per-thread default stream when its thread ends."""
     key = (src.vendor, src.device_index, stream_key(stream))
     held = _zeroed.get(key)
     if held is None or held[1] < nbytes:
-        size = max(nbytes, _ZEROED_SCRATCH_MIN_BYTES, 2 * held[1] if held else 0)
-        pointer, keep = src.scratch(size)  # the fill is queued on `stream`, ahead of the launches
         if held is not None:
             _outgrown.append(held[2])
-        held = _zeroed[key] = (pointer, size, keep)
+        elif stream == PER_THREAD_DEFAULT_STREAM:
+            _watch_thread_stream(src, rt)
+        held = _zeroed[key] = _idle_scratch(src, nbytes) or _new_zeroed_scratch(src, nbytes, held)
     return held[0]
+
+
+def _watch_thread_stream(src: DeviceArray, rt) -> None:
+    """Drain this thread's per-thread stream on `src`'s device when the thread ends."""
+    device = src.device_index
+    _thread_stream().drains.setdefault((src.vendor, device),
+                                       lambda: rt.synchronize_stream(device, PER_THREAD_DEFAULT_STREAM))
+
+
+def _idle_scratch(src: DeviceArray, nbytes: int) -> tuple[int, int, Any] | None:
+    idle = _idle.get((src.vendor, src.device_index))
+    for i, entry in enumerate(idle or ()):
+        if entry[1] >= nbytes:
+            return idle.pop(i)
+    return None
+
+
+def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, Any]:
+    size = max(nbytes, _ZEROED_SCRATCH_MIN_BYTES, 2 * held[1] if held else 0)
+    pointer, keep = src.scratch(size)  # the fill is queued on the current stream, ahead of the launches
+    return pointer, size, keep
 
 
 # ---- the repeat-call path for torch CUDA tensors -------------------------------------------
@@ -275,6 +357,8 @@ def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) 
         base, keep = src.scratch(nbytes, zeroed=the_plan.scratch_zeroed)
         buffers = {name: base + offset for name, offset in offsets.items()}
         bound_to = stream_key(stream)
+        if stream == PER_THREAD_DEFAULT_STREAM:
+            _watch_thread_stream(src, rt)
     launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers)
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()

@@ -54,7 +54,7 @@ def _plan_of(v, axis: int = -1):
     from portable_softmax import api
 
     src = api.classify(v)
-    layout = api.describe(tuple(v.shape), src.strides, axis % v.dim())
+    layout = api.describe(tuple(v.shape), src.strides, axis % len(v.shape))
     return api.plan(api.problem_for(src.dtype, "softmax", False, layout, layout, src.ptr, src.ptr),
                     _probe.runtime("cuda").profile(0))
 
@@ -150,6 +150,46 @@ def test_runs_on_the_callers_stream_without_device_sync(rng):
         done.record(side)
     done.synchronize()
     assert_matches(_to_numpy(y), expected)
+
+
+@needs_cuda
+def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
+    """Threads on cupy's per-thread default stream, in waves whose thread ids come back: each
+    thread's launches count in scratch of their own (a shared one would mix their rows' arrivals
+    and hang or mis-normalise), and an ended thread's scratch is reused only once drained."""
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    import threading
+
+    from portable_softmax import api
+
+    x_host = random_input(rng, (96, 131072), "float32")
+    x = cupy.asarray(x_host)
+    cupy.cuda.Stream.null.synchronize()  # x is there before any thread's stream reads it
+    assert _plan_of(x).scratch_zeroed, "the plan keeps its scratch zeroed across calls"
+    results, idents, keys = [], [], []
+
+    def work():
+        keys.append(api.stream_key(api.PER_THREAD_DEFAULT_STREAM))
+        with cupy.cuda.Stream.ptds:
+            assert api.classify(x).stream() == api.PER_THREAD_DEFAULT_STREAM
+            for _ in range(3):
+                y = ps.softmax(x)
+            results.append(cupy.asnumpy(y))  # copies on this thread's stream, then waits for it
+        idents.append(threading.get_ident())
+
+    for _ in range(3):
+        wave = [threading.Thread(target=work) for _ in range(4)]
+        for t in wave:
+            t.start()
+        for t in wave:
+            t.join()
+    assert len(results) == 12
+    for y in results:
+        assert_matches(y, x_host)
+    assert len(set(idents)) < len(idents), "no thread id came back: the reuse case went untested"
+    idle = api._idle.get(("cuda", 0), [])
+    assert idle, "the ended threads' drained scratch is kept for reuse"
+    assert not [k for k in api._zeroed if k[2] in keys], "no ended thread keeps a buffer"
 
 
 @needs_cuda

@@ -351,6 +351,16 @@ def test_force_jit_skips_the_bundle(fake_runtime, monkeypatch):
     assert rt.kernel_source(0, "float32").startswith("jit:")
 
 
+def test_synchronize_stream_waits_on_the_stream_of_the_device(monkeypatch, tmp_path):
+    import sys
+
+    fake = FakeHip(device_count=2)
+    monkeypatch.setitem(sys.modules, "hip", SimpleNamespace(hip=fake))
+    rt = _hip.HipRuntime()
+    rt.synchronize_stream(1, 2)  # hipStreamPerThread on device 1, then device 0 current again
+    assert fake.calls == [("hipSetDevice", 1), ("sync", 2), ("hipSetDevice", 0)]
+
+
 def test_run_host_stages_through_pinned_memory_launches_on_one_stream_and_frees_everything(fake_runtime):
     rt, fake = fake_runtime
     x = np.arange(2 * 300, dtype=np.float32).reshape(2, 300)

@@ -1,6 +1,7 @@
 """The zeroed scratch kept per stream (api._zeroed_scratch), without a GPU: which calls share a
 buffer. Launches that share one count arrivals in each other's scratch, so two streams that can
-run at once must never share; calls on one stream must, or every call pays a fill again."""
+run at once must never share; calls on one stream must, or every call pays a fill again. A host
+thread's per-thread default stream is a stream of its own, also after the thread id is reused."""
 
 from __future__ import annotations
 
@@ -26,32 +27,54 @@ class FakeDevice:
         return id(buffer), buffer
 
 
+class FakeRuntime:
+    """The runtime adapter's synchronize_stream: records which host thread drained which stream."""
+
+    def __init__(self, fails=False):
+        self.drained: list[tuple[int, int, int]] = []
+        self.fails = fails
+
+    def synchronize_stream(self, device, stream):
+        if self.fails:
+            raise RuntimeError("the runtime is gone")
+        self.drained.append((device, stream, threading.get_native_id()))
+
+
 @pytest.fixture
 def kept(monkeypatch):
     monkeypatch.setattr(api, "_zeroed", {})
     monkeypatch.setattr(api, "_outgrown", [])
+    monkeypatch.setattr(api, "_idle", {})
     return FakeDevice()
 
 
-def _pointer_in_new_thread(device, nbytes, stream):
-    pointer = []
-    worker = threading.Thread(target=lambda: pointer.append(api._zeroed_scratch(device, nbytes, stream)))
+RT = FakeRuntime()
+
+
+def _in_new_thread(call):
+    """call() on a new host thread, which then ends; (its result, the thread's native id)."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append((call(), threading.get_native_id())))
     worker.start()
     worker.join()
-    return pointer[0]
+    return result[0]
+
+
+def _pointer_in_new_thread(device, nbytes, stream, rt=RT):
+    return _in_new_thread(lambda: api._zeroed_scratch(device, nbytes, stream, rt))[0]
 
 
 def test_calls_on_one_stream_share_one_fill(kept):
     ordinary = 0x5A5A00
-    first = api._zeroed_scratch(kept, 4096, ordinary)
-    assert api._zeroed_scratch(kept, 1024, ordinary) == first
+    first = api._zeroed_scratch(kept, 4096, ordinary, RT)
+    assert api._zeroed_scratch(kept, 1024, ordinary, RT) == first
     # An ordinary handle names one stream in every host thread: its launches are ordered.
     assert _pointer_in_new_thread(kept, 4096, ordinary) == first
     assert len(kept.fills) == 1
 
 
 def test_two_streams_never_share(kept):
-    assert api._zeroed_scratch(kept, 4096, 0x100) != api._zeroed_scratch(kept, 4096, 0x200)
+    assert api._zeroed_scratch(kept, 4096, 0x100, RT) != api._zeroed_scratch(kept, 4096, 0x200, RT)
     assert len(kept.fills) == 2
 
 
@@ -59,18 +82,79 @@ def test_the_per_thread_default_stream_is_a_stream_a_thread(kept):
     """cudaStreamPerThread / hipStreamPerThread: one handle, a different stream in each thread,
     whose launches may run at the same time as this thread's."""
     per_thread = api.PER_THREAD_DEFAULT_STREAM
-    here = api._zeroed_scratch(kept, 4096, per_thread)
+    here = api._zeroed_scratch(kept, 4096, per_thread, RT)
     there = _pointer_in_new_thread(kept, 4096, per_thread)
     assert here != there
-    assert api._zeroed_scratch(kept, 4096, per_thread) == here  # this thread's again: no new fill
+    assert api._zeroed_scratch(kept, 4096, per_thread, RT) == here  # this thread's again: no new fill
     assert len(kept.fills) == 2
     assert api.stream_key(per_thread) != per_thread and api.stream_key(0x100) == 0x100
 
 
 def test_a_larger_call_grows_the_buffer_and_keeps_the_outgrown_one(kept):
-    small = api._zeroed_scratch(kept, 4096, 0x100)
-    large = api._zeroed_scratch(kept, 1 << 20, 0x100)
+    small = api._zeroed_scratch(kept, 4096, 0x100, RT)
+    large = api._zeroed_scratch(kept, 1 << 20, 0x100, RT)
     assert large != small and kept.fills[-1] >= 1 << 20
     # launches queued before the larger call may still use the smaller buffer: it stays alive
     assert len(api._outgrown) == 1
-    assert api._zeroed_scratch(kept, 4096, 0x100) == large
+    assert api._zeroed_scratch(kept, 4096, 0x100, RT) == large
+
+
+def test_a_thread_id_used_again_is_another_stream():
+    """Thread ids come back once their thread ends, while the ended thread's last launches may still
+    run on its per-thread stream: the key is a token a thread, never given twice."""
+    per_thread = api.PER_THREAD_DEFAULT_STREAM
+    seen = [_in_new_thread(lambda: (threading.get_ident(), api.stream_key(per_thread)))[0] for _ in range(20)]
+    idents, keys = zip(*seen)
+    assert len(set(keys)) == len(keys)
+    assert len(set(idents)) < len(idents), "no thread id came back in 20 threads: the case is untested"
+    assert api.stream_key(per_thread) == api.stream_key(per_thread)  # stable within a thread
+
+
+def test_an_ended_threads_scratch_is_reused_once_its_stream_has_drained(kept):
+    per_thread = api.PER_THREAD_DEFAULT_STREAM
+    rt = FakeRuntime()
+    first, first_thread = _in_new_thread(lambda: api._zeroed_scratch(kept, 4096, per_thread, rt))
+    # drained by the ended thread itself (its handle names its own stream), on its device
+    assert rt.drained == [(0, per_thread, first_thread)]
+    assert not any(key[2] != per_thread and key[2][0] == per_thread for key in api._zeroed)
+    # the next thread takes the drained buffer, still zero (launches leave it so): no fill
+    assert _pointer_in_new_thread(kept, 2048, per_thread, rt) == first
+    assert len(kept.fills) == 1
+    # larger than any idle buffer: a fill of its own
+    assert _pointer_in_new_thread(kept, 1 << 20, per_thread, rt) != first
+    assert len(kept.fills) == 2
+
+
+def test_an_ended_threads_scratch_that_cannot_be_drained_is_never_reused(kept):
+    per_thread = api.PER_THREAD_DEFAULT_STREAM
+    failing = FakeRuntime(fails=True)
+    first = _pointer_in_new_thread(kept, 4096, per_thread, failing)
+    assert len(api._outgrown) == 1 and not api._idle.get(("cuda", 0))  # kept alive for its launches
+    assert _pointer_in_new_thread(kept, 4096, per_thread, failing) != first
+    assert len(kept.fills) == 2
+
+
+def test_ordinary_streams_are_not_drained_at_thread_end(kept):
+    rt = FakeRuntime()
+    _pointer_in_new_thread(kept, 4096, 0x100, rt)
+    assert rt.drained == [] and ("cuda", 0, 0x100) in api._zeroed
+
+
+def test_prepared_launches_bound_to_an_ended_threads_stream_are_dropped_once_drained(kept, monkeypatch):
+    """The repeat-call path keeps launches with scratch for the stream they were made on; an ended
+    thread's key is never seen again, so they go (their scratch freed after the drain)."""
+    per_thread = api.PER_THREAD_DEFAULT_STREAM
+    monkeypatch.setattr(api, "_prepared", {})
+    rt = FakeRuntime()
+    other = ("float32", (4, 4), (4, 1), 0, -1, "softmax", False, 0)
+    api._prepared[other] = ("launcher", True, 0x100, bytearray(8))
+
+    def prepare_here():
+        key = ("float32", (8, 8), (8, 1), 0, -1, "softmax", False, 0)
+        api._prepared[key] = ("launcher", True, api.stream_key(per_thread), bytearray(8))
+        api._watch_thread_stream(kept, rt)
+        return key
+
+    key, _ = _in_new_thread(prepare_here)
+    assert key not in api._prepared and other in api._prepared
+    assert [d[:2] for d in rt.drained] == [(0, per_thread)]
