@@ -189,6 +189,8 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
     assert len(set(idents)) < len(idents), "no thread id came back: the reuse case went untested"
     idle = api._idle.get(("cuda", 0), [])
     assert idle, "the ended threads' drained scratch is kept for reuse"
+    for _, _, keep in idle:
+        assert int(cupy.count_nonzero(keep)) == 0, "an idle buffer is left zero for its next stream"
     assert not [k for k in api._zeroed if k[2] in keys], "no ended thread keeps a buffer"
 
 
@@ -317,6 +319,7 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
     torch = _torch_cuda()
     api._prepared.clear()
     api._zeroed.clear()
+    monkeypatch.setattr(api, "_idle", {})  # an ended thread's buffers (another test's) would serve a call here
     base = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", getattr(torch, dtype))
     the_plan = _plan_of(base, axis)
     assert the_plan.tier == tier and the_plan.scratch and the_plan.scratch_zeroed == (tier != "split"), the_plan
