@@ -31,7 +31,8 @@ def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool 
     numpy, cupy and torch arrays and any ``__dlpack__`` producer are accepted; float16 and
     bfloat16 compute in float32, float64 in float64. Device arrays are computed in place on
     their device, on the caller's current stream. A row of all -inf gives NaN (like torch),
-    or 0 with ``safe=True``.
+    or 0 with ``safe=True``. A torch tensor that requires grad gets a result autograd goes
+    back through (torch's own softmax backward).
 
     >>> import numpy as np, portable_softmax as ps
     >>> ps.softmax(np.array([[1.0, 1.0], [0.0, -np.inf]], dtype=np.float32))
@@ -72,16 +73,70 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
-    if out is None and type(x) is _TORCH_TENSOR:  # CPU tensors are never prepared: their key misses
-        y = _run_prepared(x, axis, op, safe)
-        if y is not None:
-            return y
+    if type(x) is _TORCH_TENSOR and not x.requires_grad:
+        if out is None:  # CPU tensors are never prepared: their key misses
+            y = _run_prepared(x, axis, op, safe)
+            if y is not None:
+                return y
+    elif _records_grad(x):
+        return _differentiable(x, axis, op, out, safe)
     src = classify(x)
     given_axis, axis = axis, normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)
     if src.on_device:
         return _run_device(src, axis, op, safe, dst, out, given_axis)
     return _run_host(src, axis, op, safe, dst, out)
+
+
+# ---- torch autograd -------------------------------------------------------------------------------
+def _records_grad(x) -> bool:
+    """Whether ``x`` is a torch tensor whose graph autograd records here (it requires grad, and grad
+    mode is on): its result must carry the gradient back, not come out detached."""
+    if getattr(x, "requires_grad", False) is not True or type(x).__module__.split(".")[0] != "torch":
+        return False
+    import torch
+
+    return isinstance(x, torch.Tensor) and torch.is_grad_enabled()
+
+
+def _differentiable(x, axis, op: str, out, safe: bool):
+    if out is not None:
+        raise ValueError(f"out= cannot take the {op} of a tensor that requires grad: autograd does not "
+                         "record a write into out (torch's out= arguments refuse it too); call without "
+                         "out=, or under torch.no_grad()")
+    axis = normalize_axis(axis, x.dim())
+    return _autograd_function().apply(x, axis, op, safe)
+
+
+_AUTOGRAD_FUNCTION = None
+
+
+def _autograd_function():
+    """The torch.autograd.Function of a softmax: the forward on this package's kernels, the backward
+    through torch's own softmax / log_softmax backward (the gradients torch.softmax gives for the same
+    output; in the output's dtype, accumulated as torch does)."""
+    global _AUTOGRAD_FUNCTION
+    if _AUTOGRAD_FUNCTION is None:
+        import torch
+
+        class Softmax(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, axis, op, safe):
+                y = _apply(x.detach(), axis, op, None, safe)
+                ctx.save_for_backward(y)
+                ctx.axis, ctx.op, ctx.input_dtype = axis, op, x.dtype
+                return y
+
+            @staticmethod
+            def backward(ctx, grad):
+                (y,) = ctx.saved_tensors
+                backward = (torch.ops.aten._softmax_backward_data if ctx.op == "softmax"
+                            else torch.ops.aten._log_softmax_backward_data)
+                dim = ctx.axis if y.dim() else 0
+                return backward(grad.contiguous(), y, dim, ctx.input_dtype), None, None, None
+
+        _AUTOGRAD_FUNCTION = Softmax
+    return _AUTOGRAD_FUNCTION
 
 
 def _check_out(src, out):

@@ -69,3 +69,51 @@ def test_jax_array_in_jax_out(rng):
     y = ps.softmax(jax.numpy.asarray(x))
     assert isinstance(y, jax.Array)
     assert_matches(np.asarray(y), x)
+
+
+# ---- torch autograd ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape, axis", [((4, 7), -1), ((4, 7), 0), ((3, 5, 2), 1), ((5,), 0), ((), 0)])
+def test_gradients_flow_through_a_tensor_that_requires_grad(op, shape, axis):
+    """A tensor that requires grad gets a result autograd can go back through (first and second
+    derivatives, checked numerically in float64), not one silently cut from its graph."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    f = getattr(ps, op)
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    assert f(x, axis).grad_fn is not None
+    assert torch.autograd.gradcheck(lambda t: f(t, axis), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: f(t, axis), (x,))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_gradients_match_torchs(op, dtype):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    gen = torch.Generator().manual_seed(5)
+    x = (4 * torch.randn(6, 300, generator=gen)).to(getattr(torch, dtype)).requires_grad_()
+    g = torch.randn(6, 300, generator=gen).to(x.dtype)
+    (ours,) = torch.autograd.grad(getattr(ps, op)(x), x, g)
+    (theirs,) = torch.autograd.grad(getattr(torch, op)(x, -1), x, g)
+    assert ours.dtype == x.dtype
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    torch.testing.assert_close(ours.double(), theirs.double(), atol=tol, rtol=tol)
+
+
+def test_safe_softmax_of_an_all_minus_inf_row_has_zero_gradient():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    x = torch.tensor([[0.0, 1.0], [-float("inf"), -float("inf")]], requires_grad=True)
+    y = ps.softmax(x, safe=True)
+    y.backward(torch.ones_like(y))
+    assert torch.equal(y[1].detach(), torch.zeros(2)) and torch.equal(x.grad[1], torch.zeros(2))
+
+
+def test_out_with_a_tensor_that_requires_grad_is_refused_and_no_grad_mode_takes_it():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    x = torch.randn(3, 4, requires_grad=True)
+    out = torch.empty(3, 4)
+    with pytest.raises(ValueError, match="out= cannot take the softmax of a tensor that requires grad"):
+        ps.softmax(x, out=out)
+    with torch.no_grad():
+        assert ps.softmax(x, out=out) is out and not out.requires_grad
+        assert ps.log_softmax(x).grad_fn is None
+    torch.testing.assert_close(out, torch.softmax(x.detach(), -1))

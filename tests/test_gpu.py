@@ -195,6 +195,30 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
 
 
 @needs_cuda
+@pytest.mark.parametrize("shape", [(1024, 1000), (64, 131072)])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_cuda_tensors_that_require_grad_get_torchs_gradients(rng, monkeypatch, op, shape):
+    """The forward on this package's kernels, the backward through torch's: gradients as
+    torch.softmax's for the same input; a tensor that does not require grad still takes the
+    prepared launcher afterwards."""
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, shape, "float32")).cuda().requires_grad_()
+    g = torch.randn(shape, device="cuda")
+    y = getattr(ps, op)(x)
+    assert y.grad_fn is not None
+    assert_matches(_to_numpy(y), _to_numpy(x.detach()), op=op)
+    (ours,) = torch.autograd.grad(y, x, g)
+    (theirs,) = torch.autograd.grad(getattr(torch, op)(x, -1), x, g)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    plain = x.detach()
+    getattr(ps, op)(plain)  # the full path, which prepares
+    from portable_softmax import api
+
+    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    assert_matches(_to_numpy(getattr(ps, op)(plain)), _to_numpy(plain), op=op)
+
+
+@needs_cuda
 def test_nvrtc_jit_path_matches(rng, tmp_path):
     """A process that skips the AOT fatbin compiles the packaged source with NVRTC."""
     code = (
