@@ -119,7 +119,7 @@ def _autograd_function():
     if _AUTOGRAD_FUNCTION is None:
         import torch
 
-        class Softmax(torch.autograd.Function):
+        class PortableSoftmax(torch.autograd.Function):  # grad_fn: PortableSoftmaxBackward
             @staticmethod
             def forward(ctx, x, axis, op, safe):
                 y = _apply(x.detach(), axis, op, None, safe)
@@ -135,7 +135,7 @@ def _autograd_function():
                 dim = ctx.axis if y.dim() else 0
                 return backward(grad.contiguous(), y, dim, ctx.input_dtype), None, None, None
 
-        _AUTOGRAD_FUNCTION = Softmax
+        _AUTOGRAD_FUNCTION = PortableSoftmax
     return _AUTOGRAD_FUNCTION
 
 
