@@ -173,6 +173,11 @@ def classify(x) -> Host | DeviceArray:
         return CupyDevice(x)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         return _from_dlpack(x)
+    if module == "jax" and "Tracer" in type(x).__name__:
+        raise TypeError(
+            f"got a JAX tracer ({type(x).__name__}): portable_softmax runs eagerly on concrete arrays, and "
+            "jax.jit, jax.grad and jax.vmap pass abstract values; call it outside the transformation"
+        )
     if isinstance(x, (list, tuple, float, int)):
         raise TypeError(
             f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}; "
@@ -197,8 +202,9 @@ def _from_dlpack(x) -> Host | DeviceArray:
     dev_type, _ = x.__dlpack_device__()
     xp = _namespace_of(x)
     if dev_type in (KDL_CPU, KDL_CUDA_HOST):
-        host = np.from_dlpack(x)
-        back = getattr(xp, "asarray", None) or xp.from_dlpack
+        host = _host_from_dlpack(x)
+        # back to the producer's library; numpy where it names none that can take it
+        back = getattr(xp, "asarray", None) or getattr(xp, "from_dlpack", None)
         return Host(host, wrap=back)
     if dev_type in (KDL_CUDA, KDL_ROCM):
         import cupy
@@ -207,6 +213,18 @@ def _from_dlpack(x) -> Host | DeviceArray:
         back = getattr(xp, "from_dlpack", None)
         return CupyDevice(arr, wrap=back)
     raise TypeError(f"DLPack device type {dev_type} is not supported (CPU, CUDA and ROCm are)")
+
+
+def _host_from_dlpack(x) -> np.ndarray:
+    """A host DLPack producer as numpy, zero-copy. numpy imports no bfloat16 over DLPack; a producer
+    that also has ``__array__`` (JAX, ...) gives its bfloat16 as ml_dtypes' instead."""
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        if hasattr(x, "__array__"):
+            return np.asarray(x)  # its dtype is checked with every input's
+        raise TypeError(f"numpy cannot import this {type(x).__name__} over DLPack ({e}); "
+                        "pass a numpy, torch or cupy array instead") from e
 
 
 def host_view(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:

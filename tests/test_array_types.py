@@ -117,3 +117,32 @@ def test_out_with_a_tensor_that_requires_grad_is_refused_and_no_grad_mode_takes_
         assert ps.softmax(x, out=out) is out and not out.requires_grad
         assert ps.log_softmax(x).grad_fn is None
     torch.testing.assert_close(out, torch.softmax(x.detach(), -1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_jax_arrays_of_each_dtype_come_back_as_jax(rng, dtype):
+    """numpy imports no bfloat16 over DLPack: JAX's comes through its array protocol (ml_dtypes)."""
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    x = random_input(rng, (5, 33), dtype)
+    y = ps.log_softmax(jax.numpy.asarray(x), axis=0)
+    assert isinstance(y, jax.Array) and y.dtype == jax.numpy.dtype(dtype)
+    assert_matches(np.asarray(y), x, axis=0, op="log_softmax")
+
+
+def test_jax_transformations_get_a_clear_error():
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    for transformed in (jax.jit(ps.softmax), jax.grad(lambda t: ps.softmax(t)[0])):
+        with pytest.raises(TypeError, match="got a JAX tracer .*call it outside the transformation"):
+            transformed(jax.numpy.ones(3))
+
+
+def test_a_dlpack_producer_numpy_cannot_import_is_named():
+    class Unimportable:
+        def __dlpack__(self, **_):
+            raise BufferError("no capsule today")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match="numpy cannot import this Unimportable over DLPack"):
+        ps.softmax(Unimportable())
