@@ -121,11 +121,14 @@ def _autograd_function():
 
         class PortableSoftmax(torch.autograd.Function):  # grad_fn: PortableSoftmaxBackward
             @staticmethod
-            def forward(ctx, x, axis, op, safe):
-                y = _apply(x.detach(), axis, op, None, safe)
-                ctx.save_for_backward(y)
+            def forward(x, axis, op, safe):
+                return _apply(x.detach(), axis, op, None, safe)
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):  # apart from forward: torch.func.grad takes it too
+                x, axis, op, _ = inputs
+                ctx.save_for_backward(output)
                 ctx.axis, ctx.op, ctx.input_dtype = axis, op, x.dtype
-                return y
 
             @staticmethod
             def backward(ctx, grad):

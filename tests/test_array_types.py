@@ -146,3 +146,13 @@ def test_a_dlpack_producer_numpy_cannot_import_is_named():
 
     with pytest.raises(TypeError, match="numpy cannot import this Unimportable over DLPack"):
         ps.softmax(Unimportable())
+
+
+def test_torch_func_transforms_of_gradients_match_torchs():
+    """torch.func.grad and jacrev take the autograd function too (it sets up its context apart)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    x = torch.randn(6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    torch.testing.assert_close(torch.func.grad(lambda t: ps.softmax(t)[2])(x),
+                               torch.func.grad(lambda t: torch.softmax(t, -1)[2])(x))
+    torch.testing.assert_close(torch.func.jacrev(ps.log_softmax)(x),
+                               torch.func.jacrev(lambda t: torch.log_softmax(t, -1))(x))
