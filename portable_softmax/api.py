@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -92,11 +93,8 @@ def _apply(x, axis, op: str, out, safe: bool):
 def _records_grad(x) -> bool:
     """Whether ``x`` is a torch tensor whose graph autograd records here (it requires grad, and grad
     mode is on): its result must carry the gradient back, not come out detached."""
-    if getattr(x, "requires_grad", False) is not True or type(x).__module__.split(".")[0] != "torch":
-        return False
-    import torch
-
-    return isinstance(x, torch.Tensor) and torch.is_grad_enabled()
+    torch = sys.modules.get("torch")  # not imported yet: x is no torch tensor
+    return torch is not None and isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled()
 
 
 def _differentiable(x, axis, op: str, out, safe: bool):
@@ -290,8 +288,8 @@ class _ThreadStream:
 
     def __init__(self) -> None:
         self.token = next(self._tokens)
-        #: (vendor, device) -> a call that waits for this thread's per-thread stream on that device
-        self.drains: dict[tuple[str, int], Callable[[], None]] = {}
+        #: (vendor, device) -> the runtime adapter that drains this thread's per-thread stream there
+        self.drains: dict[tuple[str, int], Any] = {}
 
     def __del__(self) -> None:
         try:
@@ -321,9 +319,9 @@ def _retire_thread_stream(state: _ThreadStream) -> None:
     """An ended thread's kept scratch: idle once its per-thread stream has drained; where it cannot
     be drained (the runtime fails), kept alive, never reused."""
     key = (PER_THREAD_DEFAULT_STREAM, state.token)
-    for device_key, drain in state.drains.items():
+    for device_key, rt in state.drains.items():
         try:
-            drain()
+            rt.synchronize_stream(device_key[1], PER_THREAD_DEFAULT_STREAM)
             drained = True
         except Exception:  # noqa: BLE001 -- any failure: the buffers may still be in use
             drained = False
@@ -355,9 +353,7 @@ def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt) -> int:
 
 def _watch_thread_stream(src: DeviceArray, rt) -> None:
     """Drain this thread's per-thread stream on `src`'s device when the thread ends."""
-    device = src.device_index
-    _thread_stream().drains.setdefault((src.vendor, device),
-                                       lambda: rt.synchronize_stream(device, PER_THREAD_DEFAULT_STREAM))
+    _thread_stream().drains.setdefault((src.vendor, src.device_index), rt)
 
 
 def _idle_scratch(src: DeviceArray, nbytes: int) -> tuple[int, int, Any] | None:
