@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _probe
+from . import _probe, _torch_op
 from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_stream_reader
 from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
@@ -33,7 +33,8 @@ def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool 
     bfloat16 compute in float32, float64 in float64. Device arrays are computed in place on
     their device, on the caller's current stream. A row of all -inf gives NaN (like torch),
     or 0 with ``safe=True``. A torch tensor that requires grad gets a result autograd goes
-    back through (torch's own softmax backward).
+    back through (torch's own softmax backward); torch.func transforms and torch.compile see
+    the call as the operator ``torch.ops.portable_softmax.softmax``.
 
     >>> import numpy as np, portable_softmax as ps
     >>> ps.softmax(np.array([[1.0, 1.0], [0.0, -np.inf]], dtype=np.float32))
@@ -74,13 +75,14 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
-    if type(x) is _TORCH_TENSOR and not x.requires_grad:
-        if out is None:  # CPU tensors are never prepared: their key misses
-            y = _run_prepared(x, axis, op, safe)
-            if y is not None:
-                return y
-    elif _records_grad(x):
-        return _differentiable(x, axis, op, out, safe)
+    if (type(x) is _TORCH_TENSOR and out is None and not x.requires_grad  # CPU tensors' keys miss
+            and not _torch_is_compiling() and not _torch_is_wrapped(x)):
+        y = _run_prepared(x, axis, op, safe)
+        if y is not None:
+            return y
+    how = _torch_op.route(x)
+    if how is not None:
+        return _through_torch(how, x, axis, op, out, safe)
     src = classify(x)
     given_axis, axis = axis, normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)
@@ -89,55 +91,34 @@ def _apply(x, axis, op: str, out, safe: bool):
     return _run_host(src, axis, op, safe, dst, out)
 
 
-# ---- torch autograd -------------------------------------------------------------------------------
-def _records_grad(x) -> bool:
-    """Whether ``x`` is a torch tensor whose graph autograd records here (it requires grad, and grad
-    mode is on): its result must carry the gradient back, not come out detached."""
-    torch = sys.modules.get("torch")  # not imported yet: x is no torch tensor
-    return torch is not None and isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled()
+def _eager_forward(x, axis: int, op: str, safe: bool):
+    """The torch operator's computation: a plain tensor on the direct path."""
+    return _apply(x, axis, op, None, safe)
 
 
-def _differentiable(x, axis, op: str, out, safe: bool):
-    if out is not None:
+def _through_torch(how: str, x, axis, op: str, out, safe: bool):
+    """A tensor autograd records, one inside a torch.func transform or torch.compile, or a fake one:
+    the call goes through the registered torch operator (portable_softmax::softmax)."""
+    storage_name(x.dtype)  # an unsupported dtype is refused here, before torch traces the operator
+    axis = normalize_axis(axis, x.dim())
+    if out is None:
+        return _torch_op.call(how, _eager_forward, x, axis, op, safe)
+    if how == "autograd":
         raise ValueError(f"out= cannot take the {op} of a tensor that requires grad: autograd does not "
                          "record a write into out (torch's out= arguments refuse it too); call without "
                          "out=, or under torch.no_grad()")
-    axis = normalize_axis(axis, x.dim())
-    return _autograd_function().apply(x, axis, op, safe)
+    torch = sys.modules["torch"]
+    if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
+        raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
+                         f"and device {x.device}; got {_described(out)}")
+    return out.copy_(_torch_op.call(how, _eager_forward, x, axis, op, safe))
 
 
-_AUTOGRAD_FUNCTION = None
-
-
-def _autograd_function():
-    """The torch.autograd.Function of a softmax: the forward on this package's kernels, the backward
-    through torch's own softmax / log_softmax backward (the gradients torch.softmax gives for the same
-    output; in the output's dtype, accumulated as torch does)."""
-    global _AUTOGRAD_FUNCTION
-    if _AUTOGRAD_FUNCTION is None:
-        import torch
-
-        class PortableSoftmax(torch.autograd.Function):  # grad_fn: PortableSoftmaxBackward
-            @staticmethod
-            def forward(x, axis, op, safe):
-                return _apply(x.detach(), axis, op, None, safe)
-
-            @staticmethod
-            def setup_context(ctx, inputs, output):  # apart from forward: torch.func.grad takes it too
-                x, axis, op, _ = inputs
-                ctx.save_for_backward(output)
-                ctx.axis, ctx.op, ctx.input_dtype = axis, op, x.dtype
-
-            @staticmethod
-            def backward(ctx, grad):
-                (y,) = ctx.saved_tensors
-                backward = (torch.ops.aten._softmax_backward_data if ctx.op == "softmax"
-                            else torch.ops.aten._log_softmax_backward_data)
-                dim = ctx.axis if y.dim() else 0
-                return backward(grad.contiguous(), y, dim, ctx.input_dtype), None, None, None
-
-        _AUTOGRAD_FUNCTION = PortableSoftmax
-    return _AUTOGRAD_FUNCTION
+def _described(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        where = f" on {value.device}" if hasattr(value, "device") else ""
+        return f"{type(value).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}{where}"
+    return type(value).__name__
 
 
 def _check_out(src, out):
@@ -376,18 +357,21 @@ def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, 
 # ready, so a repeat call reads a few attributes, allocates the output and launches.
 _TORCH = None
 _TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
+_torch_is_compiling = _torch_is_wrapped = None  # torch.compiler.is_compiling, functorch's wrapped test
 _prepared: dict = {}
 _PREPARED_LIMIT = 4096
 
 
 def _is_torch_cuda(x) -> bool:
-    global _TORCH, _TORCH_TENSOR, _current_stream
+    global _TORCH, _TORCH_TENSOR, _current_stream, _torch_is_compiling, _torch_is_wrapped
     if _TORCH is None:
         if type(x).__module__.split(".")[0] != "torch":
             return False
         import torch
 
         _TORCH, _TORCH_TENSOR, _current_stream = torch, torch.Tensor, torch_stream_reader(torch)
+        _torch_is_compiling = torch.compiler.is_compiling
+        _torch_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return isinstance(x, _TORCH_TENSOR) and x.is_cuda
 
 

@@ -149,10 +149,97 @@ def test_a_dlpack_producer_numpy_cannot_import_is_named():
 
 
 def test_torch_func_transforms_of_gradients_match_torchs():
-    """torch.func.grad and jacrev take the autograd function too (it sets up its context apart)."""
+    """torch.func.grad and jacrev take the autograd function (it sets up its context apart)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     x = torch.randn(6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     torch.testing.assert_close(torch.func.grad(lambda t: ps.softmax(t)[2])(x),
                                torch.func.grad(lambda t: torch.softmax(t, -1)[2])(x))
     torch.testing.assert_close(torch.func.jacrev(ps.log_softmax)(x),
                                torch.func.jacrev(lambda t: torch.log_softmax(t, -1))(x))
+
+
+# ---- torch.func.vmap, torch.compile, fake tensors: the operator portable_softmax::softmax ----------
+@pytest.fixture(params=["unarmed", "armed"])
+def torch_fast_path(request):
+    """Each test twice: before and after the repeat-call path's checks are armed (a CUDA tensor's
+    first call arms them; here a CPU tensor's, whose keys then miss)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from portable_softmax import api
+
+    if request.param == "armed":
+        api._is_torch_cuda(torch.ones(1))
+        assert api._TORCH_TENSOR is torch.Tensor and api._torch_is_compiling is not None
+    return torch
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("in_dims, axis", [(0, -1), (1, 0), (2, 1), (0, 0)])
+def test_vmap_matches_torchs(torch_fast_path, op, in_dims, axis):
+    """vmap moves the batch to the front and computes every batch at once (no per-item loop)."""
+    torch = torch_fast_path
+    x = 4 * torch.randn(3, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    ours = torch.vmap(lambda t: getattr(ps, op)(t, axis=axis), in_dims=in_dims)(x)
+    theirs = torch.vmap(lambda t: getattr(torch, op)(t, axis), in_dims=in_dims)(x)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+
+
+def test_nested_vmap_a_batch_of_scalars_and_vmap_of_jacrev():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 3, 6, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(torch.vmap(torch.vmap(ps.log_softmax))(x), torch.log_softmax(x, -1))
+    torch.testing.assert_close(torch.vmap(ps.softmax)(torch.randn(5, generator=gen)), torch.ones(5))
+    jac = torch.vmap(torch.func.jacrev(ps.softmax))(x[0])
+    torch.testing.assert_close(jac, torch.vmap(torch.func.jacrev(lambda t: torch.softmax(t, -1)))(x[0]))
+    grads = torch.vmap(torch.func.grad(lambda t: ps.log_softmax(t)[1]))(x[1])
+    torch.testing.assert_close(grads, torch.vmap(torch.func.grad(lambda t: torch.log_softmax(t, -1)[1]))(x[1]))
+
+
+def test_vmap_refuses_what_the_eager_call_refuses():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    with pytest.raises(TypeError, match="got dtype int32. Supported dtypes"):
+        torch.vmap(ps.softmax)(torch.ones(3, 2, dtype=torch.int32))
+    with pytest.raises(IndexError, match="axis 1 is out of bounds for array of dimension 1"):
+        torch.vmap(lambda t: ps.softmax(t, axis=1))(torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_compile_keeps_the_call_in_one_graph_forward_and_backward(torch_fast_path, op):
+    """fullgraph=True fails on any graph break: the call must trace as the operator, with its fake
+    kernel for shapes and the autograd function for the backward."""
+    torch = torch_fast_path
+    torch._dynamo.reset()
+    x = (4 * torch.randn(5, 33, generator=torch.Generator().manual_seed(13))).requires_grad_()
+    loss = torch.compile(lambda t: (getattr(ps, op)(t, axis=0) ** 2).sum(), fullgraph=True, backend="aot_eager")
+    (ours,) = torch.autograd.grad(loss(x), x)
+    (theirs,) = torch.autograd.grad((getattr(torch, op)(x, 0) ** 2).sum(), x)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        out = torch.full_like(x, float("nan"))
+        compiled = torch.compile(lambda t, o: getattr(ps, op)(t, out=o), fullgraph=True, backend="aot_eager")
+        assert compiled(x, out) is out
+        torch.testing.assert_close(out, getattr(torch, op)(x, -1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_the_operator_passes_torchs_opcheck(dtype):
+    """torch.library.opcheck: the schema, the fake kernel against the real result (shape, dtype,
+    strides), the autograd registration and AOT dispatch, on a 2-D and a 3-D input."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    ps.softmax(torch.ones(2, 2, requires_grad=True))  # registers the operator
+    gen = torch.Generator().manual_seed(14)
+    for shape, axis, op, safe in [((4, 9), 1, "softmax", False), ((3, 4, 5), 0, "log_softmax", False),
+                                  ((2, 6), 1, "softmax", True)]:
+        x = torch.randn(shape, generator=gen).to(getattr(torch, dtype)).requires_grad_()
+        torch.library.opcheck(torch.ops.portable_softmax.softmax.default, (x, axis, op, safe))
+
+
+def test_fake_and_meta_tensors_get_the_results_shape_and_dtype():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    y = ps.log_softmax(torch.empty(3, 4, dtype=torch.bfloat16, device="meta"), axis=0)
+    assert (y.shape, y.dtype, y.device.type) == ((3, 4), torch.bfloat16, "meta")
+    with FakeTensorMode():
+        y = ps.softmax(torch.empty(6, 2))
+    assert type(y).__name__ == "FakeTensor" and y.shape == (6, 2)

@@ -219,6 +219,34 @@ def test_cuda_tensors_that_require_grad_get_torchs_gradients(rng, monkeypatch, o
 
 
 @needs_cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_tensors_under_torch_compile_and_vmap(rng, monkeypatch, mode):
+    """torch.compile (inductor, fullgraph; "reduce-overhead" replays CUDA graphs) keeps the call as
+    the operator portable_softmax::softmax, forward and backward; vmap computes the batch at once;
+    plain tensors take the prepared launcher afterwards."""
+    torch = _torch_cuda()
+    torch._dynamo.reset()
+    x = torch.from_numpy(random_input(rng, (8, 96, 3000), "float32")).cuda()
+    y = torch.vmap(lambda t: ps.log_softmax(t, axis=0), in_dims=1)(x)
+    torch.testing.assert_close(y, torch.log_softmax(x, 1).movedim(1, 0), atol=1e-5, rtol=1e-5)
+    compiled = torch.compile(lambda t: ps.softmax(t) * 3, fullgraph=True, mode=mode)
+    for _ in range(3):  # reduce-overhead: warm-up, record, replay
+        y = torch.full_like(x, float("nan"))
+        y.copy_(compiled(x))
+        assert_matches(_to_numpy(y / 3), _to_numpy(x))
+    leaf = x[:2, :4].clone().requires_grad_()
+    loss = torch.compile(lambda t: (ps.log_softmax(t) ** 2).sum(), fullgraph=True, mode=mode)
+    (ours,) = torch.autograd.grad(loss(leaf), leaf)
+    (theirs,) = torch.autograd.grad((torch.log_softmax(leaf, -1) ** 2).sum(), leaf)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    ps.softmax(x)  # the full path, which prepares
+    from portable_softmax import api
+
+    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x))
+
+
+@needs_cuda
 def test_nvrtc_jit_path_matches(rng, tmp_path):
     """A process that skips the AOT fatbin compiles the packaged source with NVRTC."""
     code = (
