@@ -80,7 +80,7 @@ def test_gradients_flow_through_a_tensor_that_requires_grad(op, shape, axis):
     torch = pytest.importorskip("torch", reason="torch is not installed")
     f = getattr(ps, op)
     x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
-    assert f(x, axis).grad_fn is not None
+    assert type(f(x, axis).grad_fn).__name__ == "PortableSoftmaxEagerBackward"  # the classic form: cheaper
     assert torch.autograd.gradcheck(lambda t: f(t, axis), (x,))
     assert torch.autograd.gradgradcheck(lambda t: f(t, axis), (x,))
 
