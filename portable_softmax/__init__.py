@@ -8,8 +8,13 @@ True
 
 __version__ = "0.1.0"
 
-from . import reference  # noqa: E402
+import sys  # noqa: E402
+
+from . import _torch_op, reference  # noqa: E402
 from ._probe import backend_info  # noqa: E402
 from .api import log_softmax, softmax, use_backend  # noqa: E402
 
 __all__ = ["softmax", "log_softmax", "backend_info", "reference", "use_backend", "__version__"]
+
+if "torch" in sys.modules:  # a saved torch.export program that calls portable_softmax::softmax then loads
+    _torch_op.register()

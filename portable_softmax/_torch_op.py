@@ -27,7 +27,7 @@ NAME = "portable_softmax::softmax"
 # reads them through the autograd functions' forwards and backwards.
 _operator = None  # torch.ops.portable_softmax.softmax.default
 _functions: dict = {}  # route -> autograd function
-_forward: Callable | None = None  # the eager computation on a plain tensor
+_forward: Callable | None = None  # api._eager_forward: the direct path on a plain tensor
 _backward_ops: dict = {}  # op -> torch's own backward of it
 
 
@@ -45,26 +45,31 @@ def route(x) -> str | None:
     return "operator" if transformed else None
 
 
-def call(how: str, forward: Callable, x, axis: int, op: str, safe: bool):
-    """Softmax of ``x`` the way ``route`` said. ``forward`` is the eager computation on a plain
-    tensor (normalised axis, 'softmax' | 'log_softmax', safe -> a fresh tensor); the first call
-    registers the operator and the autograd functions around it."""
+def call(how: str, x, axis: int, op: str, safe: bool):
+    """Softmax of ``x`` (axis normalised) the way ``route`` said."""
     if _operator is None:
-        _register(forward)
+        register()
     if how == "operator":
         return _operator(x, axis, op, safe)
     return _functions[how].apply(x, axis, op, safe)
 
 
-def _register(forward: Callable) -> None:
+def register() -> None:
+    """Register the operator and the autograd functions (once). The package does so on import when
+    torch is imported already, so that a saved torch.export program that calls the operator loads;
+    otherwise the first call with a tensor that needs them does."""
     global _operator, _forward
+    if _operator is not None:
+        return
     import torch
 
-    _forward = forward
+    from .api import _eager_forward
+
+    _forward = _eager_forward
 
     @torch.library.custom_op(NAME, mutates_args=(), schema="(Tensor x, int axis, str op, bool safe) -> Tensor")
     def definition(x, axis, op, safe):
-        y = forward(x, axis, op, safe)
+        y = _forward(x, axis, op, safe)
         return y if y.is_contiguous() else y.contiguous()  # the fake kernel's layout
 
     @definition.register_fake

@@ -102,7 +102,7 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     storage_name(x.dtype)  # an unsupported dtype is refused here, before torch traces the operator
     axis = normalize_axis(axis, x.dim())
     if out is None:
-        return _torch_op.call(how, _eager_forward, x, axis, op, safe)
+        return _torch_op.call(how, x, axis, op, safe)
     if how == "autograd":
         raise ValueError(f"out= cannot take the {op} of a tensor that requires grad: autograd does not "
                          "record a write into out (torch's out= arguments refuse it too); call without "
@@ -111,7 +111,7 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
                          f"and device {x.device}; got {_described(out)}")
-    return out.copy_(_torch_op.call(how, _eager_forward, x, axis, op, safe))
+    return out.copy_(_torch_op.call(how, x, axis, op, safe))
 
 
 def _described(value) -> str:

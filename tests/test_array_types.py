@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from checks import assert_matches, random_input
@@ -243,3 +246,33 @@ def test_fake_and_meta_tensors_get_the_results_shape_and_dtype():
     with FakeTensorMode():
         y = ps.softmax(torch.empty(6, 2))
     assert type(y).__name__ == "FakeTensor" and y.shape == (6, 2)
+
+
+def test_torch_export_keeps_the_operator_and_a_saved_program_loads_in_a_new_process(tmp_path):
+    """The exported graph calls portable_softmax::softmax; a process that imports torch and then
+    the package (which registers the operator on import) loads and runs the saved program."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    class LogSoftmaxPlusOne(torch.nn.Module):
+        def forward(self, x):
+            return ps.log_softmax(x, axis=0) + 1
+
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(15))
+    program = torch.export.export(LogSoftmaxPlusOne(), (x,))
+    assert "torch.ops.portable_softmax.softmax.default" in program.graph_module.code
+    torch.testing.assert_close(program.module()(x), torch.log_softmax(x, 0) + 1)
+    torch.export.save(program, tmp_path / "program.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import sys, torch, portable_softmax\n"
+            f"d = {str(tmp_path)!r}\n"
+            "y = torch.export.load(d + '/program.pt2').module()(torch.load(d + '/x.pt'))\n"
+            "torch.save(y, d + '/y.pt')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), torch.log_softmax(x, 0) + 1)
+
+
+def test_importing_the_package_imports_no_torch():
+    """numpy users do not pay for torch's import: the operator is registered only where torch is."""
+    code = "import sys, portable_softmax; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "False"
