@@ -18,6 +18,7 @@ Both backwards are torch's own softmax / log_softmax backward.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 
 from ._dtypes import storage_name
@@ -29,6 +30,7 @@ _operator = None  # torch.ops.portable_softmax.softmax.default
 _functions: dict = {}  # route -> autograd function
 _forward: Callable | None = None  # api._eager_forward: the direct path on a plain tensor
 _backward_ops: dict = {}  # op -> torch's own backward of it
+_registering = threading.Lock()
 
 
 def route(x) -> str | None:
@@ -58,9 +60,13 @@ def register() -> None:
     """Register the operator and the autograd functions (once). The package does so on import when
     torch is imported already, so that a saved torch.export program that calls the operator loads;
     otherwise the first call with a tensor that needs them does."""
+    with _registering:  # two threads' first calls: one registers, the other finds it done
+        if _operator is None:
+            _register()
+
+
+def _register() -> None:
     global _operator, _forward
-    if _operator is not None:
-        return
     import torch
 
     from .api import _eager_forward
@@ -90,8 +96,8 @@ def register() -> None:
     definition.register_autograd(_backward, setup_context=_setup_context)  # for the operator called alone
     _backward_ops.update(softmax=torch.ops.aten._softmax_backward_data,
                          log_softmax=torch.ops.aten._log_softmax_backward_data)
-    _operator = torch.ops.portable_softmax.softmax.default
     _functions.update(transform=_transform_function(torch), autograd=_eager_function(torch))
+    _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
 
 
 def _setup_context(ctx, inputs, output):

@@ -276,3 +276,25 @@ def test_importing_the_package_imports_no_torch():
     code = "import sys, portable_softmax; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "False"
+
+
+def test_first_calls_from_several_threads_register_the_operator_once():
+    """torch imported after the package: the first calls register the operator, under a lock."""
+    code = ("import sys, threading, portable_softmax as ps, torch\n"
+            "sys.setswitchinterval(1e-6)  # threads switch inside the registration, if unguarded\n"
+            "x = torch.randn(4, 5, requires_grad=True)\n"
+            "errors, start = [], threading.Barrier(8)\n"
+            "def first_call():\n"
+            "    start.wait()\n"
+            "    try:\n"
+            "        ps.softmax(x).sum().backward()\n"
+            "    except Exception as e:\n"
+            "        errors.append(repr(e))\n"
+            "threads = [threading.Thread(target=first_call) for _ in range(8)]\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "print(errors or 'ok', x.grad.abs().max().item() < 1e-6)\n")
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+                 for _ in range(4)]  # an unguarded registration failed about one start in three
+    for process in processes:
+        stdout, _ = process.communicate(timeout=300)
+        assert stdout.split() == ["ok", "True"]  # each softmax row sums to 1: its gradient is 0
