@@ -31,13 +31,24 @@ _functions: dict = {}  # route -> autograd function
 _forward: Callable | None = None  # api._eager_forward: the direct path on a plain tensor
 _backward_ops: dict = {}  # op -> torch's own backward of it
 _registering = threading.Lock()
+# torch once imported. A module global: torch.compile traces route(), and its wrapping of sys.modules
+# (read while imports change it) failed with "dictionary changed size during iteration".
+_torch = None
+
+
+def torch_module():
+    """torch, if it is imported (else None); read from sys.modules only until it is."""
+    global _torch
+    if _torch is None:
+        _torch = sys.modules.get("torch")
+    return _torch
 
 
 def route(x) -> str | None:
     """How a call on ``x`` goes: 'autograd' for a plain torch tensor autograd records, 'transform'
     for one it records inside a torch.func transform or torch.compile (or a fake or meta one),
     'operator' for a tensor in those places that autograd does not record; None for the rest."""
-    torch = sys.modules.get("torch")  # not imported: x is no torch tensor
+    torch = _torch or torch_module()  # not imported: x is no torch tensor
     if torch is None or not isinstance(x, torch.Tensor):
         return None
     transformed = (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
@@ -66,9 +77,10 @@ def register() -> None:
 
 
 def _register() -> None:
-    global _operator, _forward
+    global _operator, _forward, _torch
     import torch
 
+    _torch = torch
     from .api import _eager_forward
 
     _forward = _eager_forward

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -107,7 +106,7 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
         raise ValueError(f"out= cannot take the {op} of a tensor that requires grad: autograd does not "
                          "record a write into out (torch's out= arguments refuse it too); call without "
                          "out=, or under torch.no_grad()")
-    torch = sys.modules["torch"]
+    torch = _torch_op.torch_module()
     if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
                          f"and device {x.device}; got {_described(out)}")
