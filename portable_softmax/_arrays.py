@@ -173,11 +173,6 @@ def classify(x) -> Host | DeviceArray:
         return CupyDevice(x)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         return _from_dlpack(x)
-    if module == "jax" and "Tracer" in type(x).__name__:
-        raise TypeError(
-            f"got a JAX tracer ({type(x).__name__}): portable_softmax runs eagerly on concrete arrays, and "
-            "jax.jit, jax.grad and jax.vmap pass abstract values; call it outside the transformation"
-        )
     if isinstance(x, (list, tuple, float, int)):
         raise TypeError(
             f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}; "

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _probe, _torch_op
+from . import _jax, _probe, _torch_op
 from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_stream_reader
 from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
@@ -82,6 +82,8 @@ def _apply(x, axis, op: str, out, safe: bool):
     how = _torch_op.route(x)
     if how is not None:
         return _through_torch(how, x, axis, op, out, safe)
+    if _jax.is_tracer(x):
+        return _jax.traced(x, axis, op, safe, out)
     src = classify(x)
     given_axis, axis = axis, normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)

@@ -132,11 +132,63 @@ def test_jax_arrays_of_each_dtype_come_back_as_jax(rng, dtype):
     assert_matches(np.asarray(y), x, axis=0, op="log_softmax")
 
 
-def test_jax_transformations_get_a_clear_error():
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jax_jit_matches_the_eager_call(rng, op, dtype):
+    """Inside jax.jit the call is a host callback: the same numbers as outside, float64-checked."""
     jax = pytest.importorskip("jax", reason="jax is not installed")
-    for transformed in (jax.jit(ps.softmax), jax.grad(lambda t: ps.softmax(t)[0])):
-        with pytest.raises(TypeError, match="got a JAX tracer .*call it outside the transformation"):
-            transformed(jax.numpy.ones(3))
+    x = random_input(rng, (6, 4, 33), dtype)
+    for axis in (-1, 1, 0):
+        y = jax.jit(lambda t, axis=axis: getattr(ps, op)(t, axis=axis))(jax.numpy.asarray(x))
+        assert y.dtype == jax.numpy.dtype(dtype)
+        assert_matches(np.asarray(y), x, axis=axis, op=op)
+
+
+def test_jax_vmap_computes_the_batch_in_one_callback(rng, monkeypatch):
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    from portable_softmax import api
+
+    seen = []
+    compute = api.compute_on_host
+    monkeypatch.setattr(api, "compute_on_host", lambda a, *rest: seen.append(a.shape) or compute(a, *rest))
+    x = random_input(rng, (5, 3, 40), "float32")
+    y = jax.vmap(lambda t: ps.log_softmax(t, axis=0), in_axes=1)(jax.numpy.asarray(x))
+    assert seen == [(3, 5, 40)], "one callback with the batch in front"
+    assert_matches(np.asarray(y), np.moveaxis(x, 1, 0), axis=1, op="log_softmax")
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_jax_gradients_match_jax_nns(op):
+    """jax.grad, jacrev and grad under jit through the custom VJP, against jax.nn's."""
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    jnp = jax.numpy
+    x = 4 * jax.random.normal(jax.random.key(16), (4, 9))
+    weights = jnp.arange(9.0)
+    ours = getattr(ps, op)
+    theirs = getattr(jax.nn, op)
+    for axis in (-1, 0):
+        g = jax.grad(lambda t, a=axis: (ours(t, axis=a) * weights).sum())(x)
+        ref = jax.grad(lambda t, a=axis: (theirs(t, axis=a) * weights).sum())(x)
+        np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(jax.jacrev(ours)(x[0]), jax.jacrev(theirs)(x[0]), atol=1e-6, rtol=1e-5)
+    g = jax.jit(jax.grad(lambda t: (ours(t) ** 2).sum()))(x)
+    np.testing.assert_allclose(g, jax.grad(lambda t: (theirs(t) ** 2).sum())(x), atol=1e-5, rtol=1e-5)
+
+
+def test_jax_transformations_keep_the_semantics_and_the_errors():
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    jnp = jax.numpy
+    rows = jnp.array([[-jnp.inf, -jnp.inf], [0.0, 1.0]])
+    assert jax.jit(lambda t: ps.softmax(t, safe=True))(rows)[0].tolist() == [0.0, 0.0]
+    assert jax.grad(lambda t: ps.softmax(t, safe=True)[0].sum())(rows).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    scalar = jnp.float32(3.0)
+    assert float(jax.jit(ps.softmax)(scalar)) == 1.0 and float(jax.jit(ps.log_softmax)(scalar)) == 0.0
+    with pytest.raises(TypeError, match="got dtype int32. Supported dtypes"):
+        jax.jit(ps.softmax)(jnp.ones(3, jnp.int32))
+    with pytest.raises(IndexError, match="axis 2 is out of bounds for array of dimension 2"):
+        jax.jit(lambda t: ps.softmax(t, axis=2))(rows)
+    with pytest.raises(ValueError, match="out= cannot take the softmax of a traced JAX array"):
+        jax.jit(lambda t: ps.softmax(t, out=t))(rows)
 
 
 def test_a_dlpack_producer_numpy_cannot_import_is_named():
