@@ -38,7 +38,7 @@ def traced(x, axis, op: str, safe: bool, out):
     global _traced
     if _traced is None:
         _traced = _build()
-    return _traced(x, axis - x.ndim, op, bool(safe))  # from the end: vmap adds leading dims
+    return _traced(x, axis - x.ndim, op, safe)  # from the end: vmap adds leading dims
 
 
 def _build():
@@ -49,7 +49,7 @@ def _build():
 
     def on_host(x, axis, op, safe):
         def compute(a):
-            return np.asarray(_apply(np.asarray(a), axis, op, None, safe))
+            return _apply(np.asarray(a), axis, op, None, safe)
 
         shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
         # expand_dims: a vmapped call passes one array with the batch in front, computed at once

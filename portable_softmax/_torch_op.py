@@ -50,7 +50,7 @@ def route(x) -> str | None:
     """How a call on ``x`` goes: 'autograd' for a plain torch tensor autograd records, 'transform'
     for one it records inside a torch.func transform or torch.compile (or a fake or meta one),
     'operator' for a tensor in those places that autograd does not record; None for the rest."""
-    torch = _torch or torch_module()  # not imported: x is no torch tensor
+    torch = torch_module()  # not imported: x is no torch tensor
     if torch is None or not isinstance(x, torch.Tensor):
         return None
     transformed = (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)

@@ -8,22 +8,11 @@ and inside torch.compile. Host cost, not bandwidth: the tensors are small.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import portable_softmax as ps
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+from portable_softmax.bench import back_to_back_us
 
 
 def ways(softmax, x: torch.Tensor, leaf: torch.Tensor, grad: torch.Tensor) -> dict:
@@ -49,10 +38,10 @@ def main() -> None:
         theirs = ways(lambda t: torch.softmax(t, -1), x, leaf, grad)
         for way in ours:
             try:
-                mine = f"{per_call_us(ours[way], args.calls):7.1f} us"
+                mine = f"{back_to_back_us(torch, ours[way], args.calls, warmup=200):7.1f} us"
             except Exception as e:  # an older build: the way that fails is named, the rest go on
                 mine = f"fails ({type(e).__name__})"
-            reference = per_call_us(theirs[way], args.calls)
+            reference = back_to_back_us(torch, theirs[way], args.calls, warmup=200)
             print(f"{str(shape):12s} {way:36s} ours {mine}   torch.softmax {reference:7.1f} us")
 
 
