@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 #: the default sweep: tiny to long rows, non-powers of two, vocabulary sizes, one huge row
 DEFAULT_COLS = (1, 7, 32, 100, 128, 1000, 1024, 3000, 4096, 8192, 32000, 50257, 131072, 128256, 262144)
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
+#: the latency command's default small inputs (0.5 KiB to 1 MiB of float32)
+LATENCY_SHAPES = ((1, 128), (8, 1000), (64, 1024), (256, 1024), (32, 4096), (4096, 64))
 
 
 @dataclass
@@ -168,8 +170,23 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
     return results
 
 
-def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]:
-    """Wall time per call of many back-to-back calls with one sync at the end (small inputs), and
+def paired_rounds(ours: list[float], theirs: list[float]) -> dict:
+    """Summary of rounds timed in pairs (ours and torch's in each round): the medians, and the
+    median and range of the per-round difference, which the host's drift between rounds (several
+    microseconds a call on some hosts) moves far less than either median."""
+    if not ours or len(ours) != len(theirs):
+        raise ValueError(f"paired rounds need equal, non-empty lists ({len(ours)} and {len(theirs)} given)")
+    differences = [a - b for a, b in zip(ours, theirs)]
+    return {"ours_us": statistics.median(ours), "torch_us": statistics.median(theirs),
+            "difference_us": statistics.median(differences),
+            "difference_range_us": (min(differences), max(differences)),
+            "rounds_ours_ahead": sum(d <= 0 for d in differences), "rounds": len(differences)}
+
+
+def latency(shapes: list[tuple[int, ...]], dtypes: list[str], calls: int, rounds: int = 7,
+            progress=None) -> list[dict]:
+    """Wall time per call of back-to-back calls with one sync at the end (small inputs), ours and
+    torch's in alternating rounds, which of the two goes first alternating too (paired_rounds); and
     the device time per call of calls queued behind a GPU sleep (what the wall time would be on a
     host that kept ahead of the GPU)."""
     import torch
@@ -177,14 +194,38 @@ def latency(shapes: list[tuple[int, ...]], dtype: str, calls: int) -> list[dict]
     import portable_softmax as ps
 
     out = []
-    for shape in shapes:
-        x = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
-        row = {"shape": shape, "dtype": dtype, "bytes": x.numel() * x.element_size()}
-        for name, fn in (("ours", lambda x=x: ps.softmax(x)), ("torch", lambda x=x: torch.softmax(x, dim=-1))):
-            row[f"{name}_us"] = back_to_back_us(torch, fn, calls)
-            row[f"{name}_device_us"] = device_us(torch, fn)
-        out.append(row)
+    for dtype in dtypes:
+        for shape in shapes:
+            x = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
+            ours_fn, torch_fn = (lambda x=x: ps.softmax(x)), (lambda x=x: torch.softmax(x, dim=-1))
+            ours, theirs = [], []
+            for r in range(rounds):
+                pair = [(ours, ours_fn), (theirs, torch_fn)]
+                for into, fn in (pair if r % 2 == 0 else pair[::-1]):
+                    into.append(back_to_back_us(torch, fn, calls))
+            row = {"shape": shape, "dtype": dtype, "bytes": x.numel() * x.element_size(), "calls": calls,
+                   **paired_rounds(ours, theirs), "ours_rounds_us": ours, "torch_rounds_us": theirs,
+                   "ours_device_us": device_us(torch, ours_fn), "torch_device_us": device_us(torch, torch_fn)}
+            out.append(row)
+            if progress:
+                progress(row)
     return out
+
+
+def render_latency(rows: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("dtype", "shape", "bytes", "ours us", "torch us", "ours - torch us (median, range)",
+                 "rounds ours ahead", "device us ours", "device us torch"):
+        table.add_column(name, justify="left" if name in ("dtype", "shape") else "right")
+    for r in rows:
+        low, high = r["difference_range_us"]
+        table.add_row(r["dtype"], "x".join(map(str, r["shape"])), str(r["bytes"]), f"{r['ours_us']:.2f}",
+                      f"{r['torch_us']:.2f}", f"{r['difference_us']:+.2f} ({low:+.2f}..{high:+.2f})",
+                      f"{r['rounds_ours_ahead']}/{r['rounds']}", f"{r['ours_device_us']:.2f}",
+                      f"{r['torch_device_us']:.2f}")
+    return table
 
 
 def render_table(results: list[Result], title: str):
@@ -252,16 +293,19 @@ def main(args) -> int:
 
     dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
     if args.latency:
-        shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else [
-            (1, 128), (8, 1000), (64, 1024), (256, 1024), (32, 4096)]
-        rows = latency(shapes, dtypes[0], 2000)
-        for r in rows:
-            print(f"{r['dtype']} {'x'.join(map(str, r['shape']))} ({r['bytes']} B): "
-                  f"ours {r['ours_us']:.1f} us/call, torch.softmax {r['torch_us']:.1f} us/call; "
-                  f"device time ours {r['ours_device_us']:.2f} us/call, torch.softmax {r['torch_device_us']:.2f}")
+        shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else list(LATENCY_SHAPES)
+        latency_dtypes = dtypes if args.dtypes else ["float32"]
+        console = Console()
+        with Progress(console=console) as progress:
+            task = progress.add_task("timing calls", total=len(shapes) * len(latency_dtypes))
+            rows = latency(shapes, latency_dtypes, args.calls, args.rounds, progress=lambda r: progress.advance(task))
+        title = (f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}: wall time a call, medians of "
+                 f"{args.rounds} rounds of {args.calls} calls, ours and torch.softmax alternating")
+        console.print(render_latency(rows, title))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+                json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                           "torch": torch.__version__, "results": rows}, f, indent=1)
         return 0
     target = int(args.mib * (1 << 20))
     if args.shapes:

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--reps", type=int, default=20)
     bench.add_argument("--latency", action="store_true",
                        help="wall time and device time per call of small inputs instead")
+    bench.add_argument("--calls", type=int, default=2000, help="--latency: back-to-back calls a round")
+    bench.add_argument("--rounds", type=int, default=7,
+                       help="--latency: rounds, ours and torch.softmax alternating (medians reported)")
     bench.add_argument("--json", help="write the results as JSON")
     bench.add_argument("--markdown", help="write the table as Markdown")
     bench.add_argument("--plot", help="write a PNG of %% of copy against columns per dtype")
