@@ -69,6 +69,7 @@ class CudaRuntime:
         self._functions: dict[tuple[int, str], int] = {}
         self._occupancy: dict[tuple[int, int, int], int] = {}
         self._dynamic_shared_limit: dict[int, int] = {}
+        self._loading = threading.RLock()  # module loads and function look-ups of threads' first calls
         self.sources: dict[tuple[int, str], str] = {}  # (device, dtype) -> "aot:PATH" | "jit:nvrtc"
         self._entry_point: int | None = None
         self._cooperative_entry_point: int | None = None
@@ -111,6 +112,13 @@ class CudaRuntime:
         mod = self._modules.get(key)
         if mod is not None:
             return mod
+        with self._loading:  # one load: a second module would replace the first, unloading it under
+            mod = self._modules.get(key)  # the function handles taken from it
+            return mod if mod is not None else self._load_module(device, dtype)
+
+    def _load_module(self, device: int, dtype: str):
+        key = (device, dtype)
+        mod = None
         tag = V.DTYPES[dtype][0]
         fatbin = KERNEL_DIR / f"softmax_{tag}.fatbin"
         with self.cupy.cuda.Device(device):
@@ -132,16 +140,19 @@ class CudaRuntime:
     def function(self, device: int, dtype: str, name: str, shared_mem: int) -> int:
         key = (device, name)
         ptr = self._functions.get(key)
-        if ptr is None:
-            kernel = self._module(device, dtype).get_function(name)  # a RawKernel around a driver Function
-            ptr = kernel.kernel.ptr
-            self._functions[key] = ptr
-            # Without opting in, static and dynamic shared memory share 48 KiB.
-            static = self.driver.funcGetAttribute(_STATIC_SHARED, ptr)
-            self._dynamic_shared_limit[ptr] = _DEFAULT_SHARED - static
-        if shared_mem > self._dynamic_shared_limit[ptr]:
-            self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)
-            self._dynamic_shared_limit[ptr] = shared_mem  # raised once, not on every launch
+        if ptr is None or shared_mem > self._dynamic_shared_limit[ptr]:
+            with self._loading:  # threads' first calls: each handle and limit set once, whole
+                ptr = self._functions.get(key)
+                if ptr is None:
+                    kernel = self._module(device, dtype).get_function(name)  # a RawKernel around a driver Function
+                    ptr = kernel.kernel.ptr
+                    # Without opting in, static and dynamic shared memory share 48 KiB.
+                    static = self.driver.funcGetAttribute(_STATIC_SHARED, ptr)
+                    self._dynamic_shared_limit[ptr] = _DEFAULT_SHARED - static
+                    self._functions[key] = ptr  # last: whoever finds the handle finds its limit
+                if shared_mem > self._dynamic_shared_limit[ptr]:
+                    self.driver.funcSetAttribute(ptr, _MAX_DYNAMIC_SHARED, shared_mem)
+                    self._dynamic_shared_limit[ptr] = shared_mem  # raised once, not on every launch
         return ptr
 
     def kernel_source(self, device: int, dtype: str) -> str:

@@ -419,6 +419,7 @@ class HipRuntime:
         self._modules: dict[tuple[int, str], Any] = {}
         self._images: dict[tuple[int, str], bytes] = {}  # kept alive as long as their module
         self._functions: dict[tuple[int, str], Any] = {}
+        self._loading = threading.RLock()  # module loads and function look-ups of threads' first calls
         self._streams: dict[int, Any] = {}
         self._occupancy: dict[tuple[int, str, int, int], int] = {}
         self._hiprtc: HipRtc | None = None
@@ -495,6 +496,12 @@ class HipRuntime:
         mod = self._modules.get(key)
         if mod is not None:
             return mod
+        with self._loading:  # one load a (device, dtype), however many threads' first calls ask
+            mod = self._modules.get(key)
+            return mod if mod is not None else self._load_module(device, dtype)
+
+    def _load_module(self, device: int, dtype: str):
+        key, mod = (device, dtype), None
         with _on_device(self, device):
             bundle = KERNEL_DIR / code_object_name(dtype)
             image = None
@@ -521,8 +528,11 @@ class HipRuntime:
         key = (device, name)
         fn = self._functions.get(key)
         if fn is None:
-            fn = self._call("hipModuleGetFunction", self._module(device, dtype), name.encode())
-            self._functions[key] = fn
+            with self._loading:
+                fn = self._functions.get(key)
+                if fn is None:
+                    fn = self._call("hipModuleGetFunction", self._module(device, dtype), name.encode())
+                    self._functions[key] = fn
         return fn
 
     def kernel_source(self, device: int, dtype: str) -> str:

@@ -457,3 +457,35 @@ def test_every_hip_call_the_adapter_makes_exists_in_hip_python():
     assert {"hipModuleLoadData", "hipModuleLaunchKernel", "hipHostMalloc", "hipMemcpyAsync"} <= calls
     missing = sorted(name for name in calls if not hasattr(hip, name))
     assert not missing, f"hip-python has no {missing}"
+
+
+def test_threads_first_calls_load_each_module_and_function_once(fake_runtime, monkeypatch):
+    """Threads that ask for the same kernel at once: one module load and one look-up, every thread
+    given that handle (a second load would leave handles of a module nothing keeps)."""
+    import threading
+    import time
+
+    rt, fake = fake_runtime
+    load, get = fake.hipModuleLoadData, fake.hipModuleGetFunction
+    lookups = []
+
+    def slow_load(image):
+        time.sleep(0.05)  # the other threads reach the empty cache meanwhile
+        return load(image)
+
+    def counted_get(module, name):
+        lookups.append(name)
+        time.sleep(0.01)
+        return get(module, name)
+
+    monkeypatch.setattr(fake, "hipModuleLoadData", slow_load)
+    monkeypatch.setattr(fake, "hipModuleGetFunction", counted_get)
+    name = V.strided_name("float32", "softmax")
+    handles = []
+    threads = [threading.Thread(target=lambda: handles.append(rt.function(0, "float32", name))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(fake.loaded) == 1 and lookups == [name.encode()]
+    assert len(handles) == 8 and len(set(handles)) == 1
