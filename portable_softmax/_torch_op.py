@@ -11,6 +11,9 @@ Plain tensors outside torch's transforms take the direct path of ``api``. Elsewh
 * ``PortableSoftmaxEager``, the same gradient for plain eager tensors that require grad, its
   forward on the direct path: an autograd function of the classic form costs about a third of
   one with a separate context set-up, and the operator's dispatch is skipped.
+* ``PortableSoftmaxForward``, ``PortableSoftmax`` with a forward-mode formula, for calls under
+  ``torch.func.jvp`` / ``jacfwd`` or an eager forward-mode dual level (torch.compile cannot trace
+  a jvp formula, so the other calls keep ``PortableSoftmax``).
 
 Both backwards are torch's own softmax / log_softmax backward.
 """
@@ -47,17 +50,33 @@ def torch_module():
 
 
 def route(x) -> str | None:
-    """How a call on ``x`` goes: 'autograd' for a plain torch tensor autograd records, 'transform'
-    for one it records inside a torch.func transform or torch.compile (or a fake or meta one),
-    'operator' for a tensor in those places that autograd does not record; None for the rest."""
+    """How a call on ``x`` goes: 'forward' where forward-mode AD may carry a tangent on it,
+    'autograd' for a plain torch tensor autograd records, 'transform' for one it records inside a
+    torch.func transform or torch.compile (or a fake or meta one), 'operator' for a tensor in those
+    places that autograd does not record; None for the rest."""
     torch = torch_module()  # not imported: x is no torch tensor
     if torch is None or not isinstance(x, torch.Tensor):
         return None
-    transformed = (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
-                   or x.is_meta or torch._subclasses.fake_tensor.is_fake(x))
+    compiling = torch.compiler.is_compiling()  # first: torch.compile cannot trace the wrapper test
+    wrapped = not compiling and torch._C._functorch.is_functorch_wrapped_tensor(x)
+    transformed = compiling or wrapped or x.is_meta or torch._subclasses.fake_tensor.is_fake(x)
+    if not compiling and _forward_mode(torch, wrapped):
+        return "forward"
     if x.requires_grad and torch.is_grad_enabled():
         return "transform" if transformed else "autograd"
     return "operator" if transformed else None
+
+
+def _forward_mode(torch, wrapped: bool) -> bool:
+    """Whether forward-mode AD may carry a tangent on the tensor: torch.func.jvp (or jacfwd) around
+    a functorch wrapper, or an eager torch.autograd.forward_ad dual level. (The operator alone has
+    no forward-mode formula: its result would carry a zero tangent.)"""
+    if wrapped:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+        return any(level.key() == TransformType.Jvp for level in retrieve_all_functorch_interpreters())
+    return torch.autograd.forward_ad._current_level >= 0
 
 
 def call(how: str, x, axis: int, op: str, safe: bool):
@@ -96,7 +115,8 @@ def _register() -> None:
     torch.library.register_autograd(NAME, _backward, setup_context=_setup_context, lib=_library)
     _backward_ops.update(softmax=torch.ops.aten._softmax_backward_data,
                          log_softmax=torch.ops.aten._log_softmax_backward_data)
-    _functions.update(transform=_transform_function(torch), autograd=_eager_function(torch))
+    _functions.update(transform=_transform_function(torch), autograd=_eager_function(torch),
+                      forward=_forward_mode_function(torch))
     _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
 
 
@@ -126,10 +146,29 @@ def _setup_context(ctx, inputs, output):
     ctx.axis, ctx.op, ctx.input_dtype = axis, op, x.dtype
 
 
+def _setup_forward_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
+    ctx.save_for_forward(output)
+
+
 def _backward(ctx, grad):
     (y,) = ctx.saved_tensors
     dim = ctx.axis if y.dim() else 0
     return _backward_ops[ctx.op](grad.contiguous(), y, dim, ctx.input_dtype), None, None, None
+
+
+def _jvp(ctx, tangent, *_):
+    """Forward mode: softmax's tangent y (t - sum(t y)), log_softmax's t - sum(t exp(y)), along the
+    axis (16-bit in float32)."""
+    (y,) = ctx.saved_tensors
+    dim = ctx.axis if y.dim() else 0
+    wide = y.float() if y.element_size() < 4 else y
+    t = tangent.to(wide.dtype)
+    if ctx.op == "softmax":
+        out = wide * (t - (t * wide).sum(dim, keepdim=True))
+    else:
+        out = t - (t * wide.exp()).sum(dim, keepdim=True)
+    return out.to(y.dtype)
 
 
 def _transform_function(torch):
@@ -143,6 +182,23 @@ def _transform_function(torch):
             return _operator(x.detach(), axis, op, safe)
 
     return PortableSoftmax
+
+
+def _forward_mode_function(torch):
+    class PortableSoftmaxForward(torch.autograd.Function):  # grad_fn: PortableSoftmaxForwardBackward
+        """PortableSoftmax with a forward-mode formula too (torch.compile cannot trace a jvp, so
+        only calls under forward-mode AD take this one)."""
+
+        generate_vmap_rule = True
+        setup_context = staticmethod(_setup_forward_context)
+        backward = staticmethod(_backward)
+        jvp = staticmethod(_jvp)
+
+        @staticmethod
+        def forward(x, axis, op, safe):
+            return _operator(x.detach(), axis, op, safe)
+
+    return PortableSoftmaxForward
 
 
 def _eager_function(torch):

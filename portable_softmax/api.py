@@ -41,6 +41,11 @@ def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool 
     array([[0.5, 0.5],
            [1. , 0. ]], dtype=float32)
     """
+    # plain torch tensors, outside torch.compile's tracing and forward-mode AD: the prepared launches
+    if type(x) is _TORCH_TENSOR and not _torch_is_compiling() and _TORCH_FORWARD_AD._current_level < 0:
+        y = _run_prepared(x, axis, "softmax", out, safe)
+        if y is not None:
+            return y
     return _apply(x, axis, "softmax", out, bool(safe))
 
 
@@ -51,6 +56,10 @@ def log_softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> Arra
     >>> ps.log_softmax(np.array([0.0, 0.0]))
     array([-0.69314718, -0.69314718])
     """
+    if type(x) is _TORCH_TENSOR and not _torch_is_compiling() and _TORCH_FORWARD_AD._current_level < 0:
+        y = _run_prepared(x, axis, "log_softmax", out, False)
+        if y is not None:
+            return y
     return _apply(x, axis, "log_softmax", out, False)
 
 
@@ -75,14 +84,14 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
-    if (type(x) is _TORCH_TENSOR and out is None and not x.requires_grad  # CPU tensors' keys miss
-            and not _torch_is_compiling() and not _torch_is_wrapped(x)):
-        y = _run_prepared(x, axis, op, safe)
-        if y is not None:
-            return y
     how = _torch_op.route(x)
     if how is not None:
         return _through_torch(how, x, axis, op, out, safe)
+    return _direct(x, axis, op, out, safe)
+
+
+def _direct(x, axis, op: str, out, safe: bool):
+    """The computation on the caller's array, with no torch machinery around it."""
     if _jax.is_tracer(x):
         return _jax.traced(x, axis, op, safe, out)
     src = classify(x)
@@ -95,7 +104,8 @@ def _apply(x, axis, op: str, out, safe: bool):
 
 def _eager_forward(x, axis: int, op: str, safe: bool):
     """The torch operator's computation: a plain tensor on the direct path."""
-    return _apply(x, axis, op, None, safe)
+    y = _run_prepared(x, axis, op, None, safe) if type(x) is _TORCH_TENSOR else None
+    return y if y is not None else _direct(x, axis, op, None, safe)
 
 
 def _through_torch(how: str, x, axis, op: str, out, safe: bool):
@@ -105,10 +115,11 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     axis = normalize_axis(axis, x.dim())
     if out is None:
         return _torch_op.call(how, x, axis, op, safe)
-    if how == "autograd":
-        raise ValueError(f"out= cannot take the {op} of a tensor that requires grad: autograd does not "
-                         "record a write into out (torch's out= arguments refuse it too); call without "
-                         "out=, or under torch.no_grad()")
+    if how in ("autograd", "forward"):
+        raise ValueError(f"out= cannot take the {op} of a tensor that autograd differentiates (one that "
+                         "requires grad, or inside a forward-mode dual level): autograd does not record a "
+                         "write into out (torch's out= arguments refuse it too); call without out=, or "
+                         "under torch.no_grad() outside the dual level")
     torch = _torch_op.torch_module()
     if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
@@ -359,13 +370,14 @@ def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, 
 # ready, so a repeat call reads a few attributes, allocates the output and launches.
 _TORCH = None
 _TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
-_torch_is_compiling = _torch_is_wrapped = None  # torch.compiler.is_compiling, functorch's wrapped test
+_torch_is_compiling = None  # torch.compiler.is_compiling
+_TORCH_FORWARD_AD = None  # torch.autograd.forward_ad (its _current_level: -1 outside dual levels)
 _prepared: dict = {}
 _PREPARED_LIMIT = 4096
 
 
 def _is_torch_cuda(x) -> bool:
-    global _TORCH, _TORCH_TENSOR, _current_stream, _torch_is_compiling, _torch_is_wrapped
+    global _TORCH, _TORCH_TENSOR, _current_stream, _torch_is_compiling, _TORCH_FORWARD_AD
     if _TORCH is None:
         if type(x).__module__.split(".")[0] != "torch":
             return False
@@ -373,7 +385,7 @@ def _is_torch_cuda(x) -> bool:
 
         _TORCH, _TORCH_TENSOR, _current_stream = torch, torch.Tensor, torch_stream_reader(torch)
         _torch_is_compiling = torch.compiler.is_compiling
-        _torch_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+        _TORCH_FORWARD_AD = torch.autograd.forward_ad
     return isinstance(x, _TORCH_TENSOR) and x.is_cuda
 
 
@@ -406,14 +418,22 @@ def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) 
     _prepared[key] = (launcher, x.is_contiguous(), bound_to, keep)
 
 
-def _run_prepared(x, axis, op, safe):
-    """The prepared launches of this call's key, or None (the full path plans, checks and
-    remembers). The axis is the caller's: an axis out of range never has launches kept."""
-    if type(axis) is not int:  # bools and other types equal to ints go the checked way
+def _run_prepared(x, axis, op, out, safe):
+    """The output of the prepared launches of this plain torch tensor's call, or None (the full path
+    plans, checks and remembers). The axis is the caller's: an axis out of range never has launches
+    kept. Each torch call here costs 0.1-0.2 us, so a call makes as few as it can."""
+    # bools and other types equal to ints go the checked way
+    if out is not None or type(axis) is not int or x.requires_grad:
         return None
-    ptr, device = x.data_ptr(), x.get_device()  # read once: each read costs about 0.1 us
+    try:
+        ptr = x.data_ptr()
+    except RuntimeError:  # a functorch wrapper of vmap, grad or jvp: no storage
+        return None
+    device = x.get_device()
     entry = _prepared.get((x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device))  # _prepared_key
-    if entry is None:
+    # (CPU tensors' keys miss.) A functionalize wrapper's data pointer reads 0, and a tensor of no
+    # elements never has launches kept: a null pointer always takes the full path.
+    if entry is None or not ptr:
         return None
     launcher, contiguous, bound_to, _ = entry
     stream = _current_stream(device)

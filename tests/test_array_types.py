@@ -114,7 +114,7 @@ def test_out_with_a_tensor_that_requires_grad_is_refused_and_no_grad_mode_takes_
     torch = pytest.importorskip("torch", reason="torch is not installed")
     x = torch.randn(3, 4, requires_grad=True)
     out = torch.empty(3, 4)
-    with pytest.raises(ValueError, match="out= cannot take the softmax of a tensor that requires grad"):
+    with pytest.raises(ValueError, match="out= cannot take the softmax of a tensor that autograd differentiates"):
         ps.softmax(x, out=out)
     with torch.no_grad():
         assert ps.softmax(x, out=out) is out and not out.requires_grad
@@ -211,6 +211,49 @@ def test_torch_func_transforms_of_gradients_match_torchs():
                                torch.func.grad(lambda t: torch.softmax(t, -1)[2])(x))
     torch.testing.assert_close(torch.func.jacrev(ps.log_softmax)(x),
                                torch.func.jacrev(lambda t: torch.log_softmax(t, -1))(x))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape, axis", [((4, 30), -1), ((4, 30), 0), ((3, 5, 2), 1), ((), 0)])
+def test_forward_mode_tangents_match_torchs(torch_fast_path, op, dtype, shape, axis):
+    """torch.func.jvp and an eager forward-mode dual level carry the tangent through the call (the
+    operator alone would give a zero tangent): softmax's y (t - sum(t y)), log_softmax's
+    t - sum(t exp(y)), 16-bit in float32."""
+    torch = torch_fast_path
+    gen = torch.Generator().manual_seed(13)
+    x = (3 * torch.randn(shape, dtype=torch.float64, generator=gen)).to(getattr(torch, dtype))
+    tangent = torch.randn(shape, dtype=torch.float64, generator=gen).to(x.dtype)
+    ours, theirs = getattr(ps, op), (lambda t: getattr(torch, op)(t, axis))
+    expected = torch.func.jvp(lambda t: getattr(torch, op)(t.double(), axis), (x,), (tangent,))[1]
+    tol = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2}[dtype]
+    primal, got = torch.func.jvp(lambda t: ours(t, axis), (x,), (tangent,))
+    torch.testing.assert_close(primal, theirs(x), atol=tol, rtol=tol)
+    assert got.dtype == x.dtype and got.abs().max() > 0 or x.dim() == 0
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
+    import torch.autograd.forward_ad as forward_ad
+
+    with forward_ad.dual_level():
+        y = ours(forward_ad.make_dual(x, tangent), axis)
+        got = forward_ad.unpack_dual(y).tangent
+        with pytest.raises(ValueError, match="forward-mode dual level"):
+            ours(forward_ad.make_dual(x, tangent), axis, out=torch.empty_like(x))
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
+
+
+def test_jacfwd_and_hessian_match_torchs():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    x = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
+    torch.testing.assert_close(torch.func.jacfwd(ps.softmax)(x), torch.func.jacfwd(lambda t: torch.softmax(t, -1))(x))
+    torch.testing.assert_close(torch.vmap(torch.func.jacfwd(ps.log_softmax))(x),
+                               torch.vmap(torch.func.jacfwd(lambda t: torch.log_softmax(t, -1)))(x))
+
+    def loss(f, g):
+        return lambda t: (f(t) * torch.arange(7.0, dtype=t.dtype)).sum() + g(t)[1, 2]
+
+    ours = torch.func.hessian(loss(ps.softmax, ps.log_softmax))(x)
+    theirs = torch.func.hessian(loss(lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1)))(x)
+    torch.testing.assert_close(ours, theirs)
 
 
 # ---- torch.func.vmap, torch.compile, fake tensors: the operator portable_softmax::softmax ----------

@@ -247,6 +247,28 @@ def test_cuda_tensors_under_torch_compile_and_vmap(rng, monkeypatch, mode):
 
 
 @needs_cuda
+def test_functorch_wrappers_never_take_the_prepared_launches(rng):
+    """The repeat path tells vmap's, grad's and jvp's wrappers (no storage: their data_ptr raises)
+    and functionalize's (data_ptr 0) from plain tensors without torch's wrapper test: with launches
+    kept for the per-example key, each transform still gets the transform's result."""
+    torch = _torch_cuda()
+    x = torch.from_numpy(random_input(rng, (6, 64, 200), "float32")).cuda()
+    example = x[0].clone()
+    for op, theirs in ((ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)):
+        op(example), op(example)  # the full path prepares the (64, 200) key; the second call takes it
+        torch.testing.assert_close(torch.vmap(op)(x), theirs(x, -1), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(torch.func.functionalize(op)(example), theirs(example, -1), atol=1e-6, rtol=1e-5)
+        weights = torch.randn_like(example)
+        ours_grad = torch.func.grad(lambda t, op=op, w=weights: (op(t) * w).sum())(example)
+        their_grad = torch.func.grad(lambda t, theirs=theirs, w=weights: (theirs(t, -1) * w).sum())(example)
+        torch.testing.assert_close(ours_grad, their_grad, atol=1e-5, rtol=1e-4)
+        tangent = torch.randn_like(example)
+        _, ours_jvp = torch.func.jvp(op, (example,), (tangent,))
+        _, their_jvp = torch.func.jvp(lambda t, theirs=theirs: theirs(t, -1), (example,), (tangent,))
+        torch.testing.assert_close(ours_jvp, their_jvp, atol=1e-5, rtol=1e-4)
+
+
+@needs_cuda
 def test_nvrtc_jit_path_matches(rng, tmp_path):
     """A process that skips the AOT fatbin compiles the packaged source with NVRTC."""
     code = (
