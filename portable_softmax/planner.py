@@ -257,14 +257,18 @@ WARP_TIER_MAX_VALUES = {2: 32}
 WARP_TIER_MAX_VALUES_ASYNC = {2: 16}
 
 
-def _warp_variant(p: RowProblem, device: DeviceProfile, vec: int, slots: int) -> V.WarpVariant | None:
-    warp = device.warp_size
+def _warp_candidates(p: RowProblem, device: DeviceProfile, vec: int) -> list[V.WarpVariant]:
+    """The register tier's variants of these vectors within the values a lane may hold."""
     itemsize = V.DTYPES[p.dtype][2]
     # the asynchronous cap holds for rows on 4-byte boundaries (see WARP_TIER_MAX_VALUES_ASYNC)
     whole_words = (p.strides()[0] * itemsize) % 4 == 0 and (p.x_misalign * itemsize) % 4 == 0
     caps = WARP_TIER_MAX_VALUES_ASYNC if has_async_copy(device) and whole_words else WARP_TIER_MAX_VALUES
     most = caps.get(itemsize, 1 << 30)
-    candidates = [v for v in V.warp_variants(p.dtype, p.op, warp, vec) if v.slots * vec <= most]
+    return [v for v in V.warp_variants(p.dtype, p.op, device.warp_size, vec) if v.slots * vec <= most]
+
+
+def _warp_variant(p: RowProblem, device: DeviceProfile, vec: int, slots: int) -> V.WarpVariant | None:
+    candidates = _warp_candidates(p, device, vec)
     if vec == 1 and slots <= V.THREAD_ROW_SLOTS:  # tiny scalar rows: a lane each, no shuffles
         candidates = [v for v in candidates if v.lanes == 1]
     for v in candidates:
@@ -364,6 +368,40 @@ SMALL_INPUT_BLOCKS_PER_SM = 4.0
 #: but 16-bit 200 and 513 columns 91-93 -> 71-85. So inputs under 8 MiB.
 SMALL_INPUT_UNSTAGED_BYTES = 8 << 20
 SMALL_INPUT_UNSTAGED_MIN_COLS = 16
+
+
+#: rows that a whole warp of the register tier reads several at a time (its lanes' slots hold under
+#: 32 bytes of a row, WarpBatch), no more of them than SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of
+#: the device's resident warps, take one row a warp instead: the shortest variant of the same
+#: vectors whose lanes hold 32 bytes (its slots past the row empty), where that is at most
+#: ONE_ROW_A_WARP_MOST_SLOTS times the slots a lane needs. Such a call is about one round of
+#: latency: twice or four times the warps, a row each, finish sooner than fewer warps taking their
+#: rows in turn, while they all fit on the device at once. Measured on an H100 (device time a call,
+#: us, 1 MiB, `tools/warp_batch_probe.py`; several rows a warp / one / torch): float32 4096x64
+#: 5.70 / 5.09 / 5.06, 2064x127 5.28 / 5.06 / 5.34, 1x128 4.38 / 4.16 / 4.16, float16 2621x200
+#: 5.95 / 5.28 / 5.50; on an H200 (% of the copy, `tools/ab_bench.py`, softmax / log_softmax):
+#: rows within one wave (0.25-4 MiB) +3 to +15 (float32 4096x64 81 / 79 -> 89 / 93, 2621x100 90 /
+#: 81 -> 93 / 96, 8256x127 121 / 118 -> 126 / 128, float16 2621x200 79 -> 90); past it 3-24
+#: slower (float32 16384x64 84 -> 72, 32767x64 110 -> 86, float16 10485x200 104 -> 98), so those
+#: keep their rows. Lane groups of fewer than a warp keep theirs too (float16 64 columns on the
+#: H100: 8 lanes a row, 8 rows a warp 5.73 us; 16 lanes 5.92; a warp a row 6.56-7.07).
+SMALL_INPUT_ONE_ROW_A_WARP_WAVES = 1.0
+ONE_ROW_A_WARP_MOST_SLOTS = 4
+
+
+def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
+                    variant: V.WarpVariant) -> V.WarpVariant:
+    """The register-tier variant for rows of `slots` slots: `variant`, or where a whole warp reads
+    each row several rows at a time and the rows fit SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of
+    resident warps, the variant taking one."""
+    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // device.warp_size
+    if (variant.lanes != device.warp_size or V.warp_batch(p.dtype, variant.slots, vec) == 1
+            or p.rows > SMALL_INPUT_ONE_ROW_A_WARP_WAVES * resident_warps):
+        return variant
+    most = ONE_ROW_A_WARP_MOST_SLOTS * ceil(slots / variant.lanes)
+    deeper = [v for v in _warp_candidates(p, device, vec) if v.lanes == variant.lanes
+              and variant.slots < v.slots <= most and V.warp_batch(p.dtype, v.slots, vec) == 1]
+    return min(deeper, key=lambda v: v.slots, default=variant)
 
 
 def _unstaged(p: RowProblem) -> bool:
@@ -916,6 +954,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     variant = _warp_variant(p, device, vec, slots)
     if variant is not None:
+        variant = _one_row_a_warp(p, device, vec, slots, variant)
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
         batch = V.warp_batch(p.dtype, variant.slots, vec)
         wanted = _spread_blocks(device)
