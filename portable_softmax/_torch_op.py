@@ -12,8 +12,9 @@ Plain tensors outside torch's transforms take the direct path of ``api``. Elsewh
   forward on the direct path: an autograd function of the classic form costs about a third of
   one with a separate context set-up, and the operator's dispatch is skipped.
 * ``PortableSoftmaxForward``, ``PortableSoftmax`` with a forward-mode formula, for calls under
-  ``torch.func.jvp`` / ``jacfwd`` or an eager forward-mode dual level (torch.compile cannot trace
-  a jvp formula, so the other calls keep ``PortableSoftmax``).
+  ``torch.func.jvp`` / ``jacfwd`` or an eager forward-mode dual level. torch.compile cannot trace
+  a jvp formula (other calls keep ``PortableSoftmax``), so under forward mode inside it the call
+  is torch's own softmax, which carries the tangent.
 
 Both backwards are torch's own softmax / log_softmax backward.
 """
@@ -50,37 +51,30 @@ def torch_module():
 
 
 def route(x) -> str | None:
-    """How a call on ``x`` goes: 'forward' where forward-mode AD may carry a tangent on it,
-    'autograd' for a plain torch tensor autograd records, 'transform' for one it records inside a
-    torch.func transform or torch.compile (or a fake or meta one), 'operator' for a tensor in those
-    places that autograd does not record; None for the rest."""
+    """How a call on ``x`` goes: 'forward' where forward-mode AD may carry a tangent on it
+    ('composite' inside torch.compile), 'autograd' for a plain torch tensor autograd records,
+    'transform' for one it records inside a torch.func transform or torch.compile (or a fake or
+    meta one), 'operator' for a tensor in those places that autograd does not record; None for the
+    rest."""
     torch = torch_module()  # not imported: x is no torch tensor
     if torch is None or not isinstance(x, torch.Tensor):
         return None
     compiling = torch.compiler.is_compiling()  # first: torch.compile cannot trace the wrapper test
-    wrapped = not compiling and torch._C._functorch.is_functorch_wrapped_tensor(x)
-    transformed = compiling or wrapped or x.is_meta or torch._subclasses.fake_tensor.is_fake(x)
-    if not compiling and _forward_mode(torch, wrapped):
-        return "forward"
+    if torch.autograd.forward_ad._current_level >= 0:  # a dual level: eager, torch.func.jvp, jacfwd
+        # torch.compile drops an autograd function's jvp formula (pytorch#192985) and the operator has
+        # none: there torch's own softmax carries the tangent
+        return "composite" if compiling else "forward"
+    transformed = (compiling or torch._C._functorch.is_functorch_wrapped_tensor(x) or x.is_meta
+                   or torch._subclasses.fake_tensor.is_fake(x))
     if x.requires_grad and torch.is_grad_enabled():
         return "transform" if transformed else "autograd"
     return "operator" if transformed else None
 
 
-def _forward_mode(torch, wrapped: bool) -> bool:
-    """Whether forward-mode AD may carry a tangent on the tensor: torch.func.jvp (or jacfwd) around
-    a functorch wrapper, or an eager torch.autograd.forward_ad dual level. (The operator alone has
-    no forward-mode formula: its result would carry a zero tangent.)"""
-    if wrapped:
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-        return any(level.key() == TransformType.Jvp for level in retrieve_all_functorch_interpreters())
-    return torch.autograd.forward_ad._current_level >= 0
-
-
 def call(how: str, x, axis: int, op: str, safe: bool):
     """Softmax of ``x`` (axis normalised) the way ``route`` said."""
+    if how == "composite":
+        return _composite(torch_module(), x, axis, op, safe)
     if _operator is None:
         register()
     if how == "operator":
@@ -118,6 +112,17 @@ def _register() -> None:
     _functions.update(transform=_transform_function(torch), autograd=_eager_function(torch),
                       forward=_forward_mode_function(torch))
     _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
+
+
+def _composite(torch, x, axis: int, op: str, safe: bool):
+    """torch's own softmax / log_softmax with this package's semantics (a safe all -inf row gives 0),
+    for torch.compile under forward-mode AD, where only torch's operators carry a tangent."""
+    if op == "log_softmax":
+        return torch.log_softmax(x, axis)
+    y = torch.softmax(x, axis)
+    if safe and x.dim():
+        y = torch.where(torch.isneginf(x).all(axis, keepdim=True), torch.zeros_like(y), y)
+    return y
 
 
 def _kernel(x, axis, op, safe):

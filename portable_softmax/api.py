@@ -115,7 +115,7 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     axis = normalize_axis(axis, x.dim())
     if out is None:
         return _torch_op.call(how, x, axis, op, safe)
-    if how in ("autograd", "forward"):
+    if how in ("autograd", "forward", "composite"):
         raise ValueError(f"out= cannot take the {op} of a tensor that autograd differentiates (one that "
                          "requires grad, or inside a forward-mode dual level): autograd does not record a "
                          "write into out (torch's out= arguments refuse it too); call without out=, or "

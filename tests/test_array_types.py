@@ -241,6 +241,38 @@ def test_forward_mode_tangents_match_torchs(torch_fast_path, op, dtype, shape, a
     torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_forward_mode_inside_torch_compile_carries_the_tangent(op):
+    """torch.compile drops an autograd function's jvp (pytorch#192985) and the operator has none:
+    under forward mode inside it the call is torch's own softmax, whose tangent is right."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import torch.autograd.forward_ad as forward_ad
+
+    gen = torch.Generator().manual_seed(15)
+    x, tangent = torch.randn(4, 30, generator=gen), torch.randn(4, 30, generator=gen)
+    x[1] = -float("inf")  # an empty row: safe softmax gives 0 there, and a zero tangent
+    safe = op == "softmax"
+    ours = (lambda t: ps.softmax(t, safe=True)) if safe else ps.log_softmax
+    expected_primal = ps.softmax(x, safe=True) if safe else ps.log_softmax(x)
+    live = torch.ones(4, 1, dtype=torch.bool)
+    live[1] = False
+    theirs = getattr(torch, op)
+    _, expected = torch.func.jvp(lambda t: theirs(torch.where(live, t, 0.0), -1), (x,), (tangent,))
+    expected = torch.where(live, expected, 0.0) if safe else expected
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: torch.func.jvp(ours, (a,), (b,)), fullgraph=True, backend="aot_eager")
+    primal, got = f(x, tangent)
+    torch.testing.assert_close(primal, expected_primal, equal_nan=True)
+    rows = [0, 2, 3] if not safe else [0, 1, 2, 3]
+    torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=1e-5)
+    assert got[rows].abs().max() > 0  # (the operator alone gave zeros)
+    torch._dynamo.reset()
+    g = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    with forward_ad.dual_level():
+        got = forward_ad.unpack_dual(g(forward_ad.make_dual(x, tangent))).tangent
+    torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=1e-5)
+
+
 def test_jacfwd_and_hessian_match_torchs():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     x = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
