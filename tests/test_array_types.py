@@ -313,6 +313,21 @@ def test_vmap_matches_torchs(torch_fast_path, op, in_dims, axis):
     torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
 
 
+def test_eager_vmap_takes_the_batch_apart_without_the_operator(monkeypatch):
+    """vmap of a tensor autograd does not record skips the operator's dispatch (most of a vmapped
+    call's host time): its batch is unwrapped, computed at once and wrapped again, nested too."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from portable_softmax import _torch_op
+
+    ps.softmax(torch.ones(2, 2, requires_grad=True))  # registers the operator
+    monkeypatch.setattr(_torch_op, "_operator", lambda *_: pytest.fail("vmap went through the operator"))
+    x = torch.randn(4, 3, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(16))
+    torch.testing.assert_close(torch.vmap(ps.log_softmax, in_dims=2)(x), torch.log_softmax(x, 1).movedim(2, 0))
+    torch.testing.assert_close(torch.vmap(torch.vmap(lambda t: ps.softmax(t, axis=0)))(x),
+                               torch.softmax(x, 2))
+    torch.testing.assert_close(torch.vmap(ps.softmax)(x[0, 0]), torch.ones(9, dtype=torch.float64))
+
+
 def test_nested_vmap_a_batch_of_scalars_and_vmap_of_jacrev():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     gen = torch.Generator().manual_seed(12)
