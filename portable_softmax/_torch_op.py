@@ -65,8 +65,9 @@ def route(x) -> str | None:
         # torch.compile drops an autograd function's jvp formula (pytorch#192985) and the operator has
         # none: there torch's own softmax carries the tangent
         return "composite" if compiling else "forward"
+    # is_fake costs 2 us, and a fake tensor is of a subclass: a plain one skips it
     transformed = (compiling or torch._C._functorch.is_functorch_wrapped_tensor(x) or x.is_meta
-                   or torch._subclasses.fake_tensor.is_fake(x))
+                   or (type(x) is not torch.Tensor and torch._subclasses.fake_tensor.is_fake(x)))
     if x.requires_grad and torch.is_grad_enabled():
         return "transform" if transformed else "autograd"
     if transformed and not compiling and _live_batch_level(torch, x) is not None:
