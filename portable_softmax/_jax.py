@@ -1,10 +1,11 @@
-"""JAX arrays inside jax.jit, jax.grad and jax.vmap (tracers, not values).
+"""JAX arrays inside jax.jit, jax.grad, jax.jvp and jax.vmap (tracers, not values).
 
 The call becomes a host callback (``jax.pure_callback``) that runs this package on the concrete
-array once the program runs, with a custom VJP whose backward is written in jax.numpy, so jit,
-grad, vmap and their compositions go through it. The callback computes on the host backend (the
-GPU through staging where one is present): a JAX array on a GPU makes a round trip through host
-memory inside a jitted program. Concrete JAX arrays outside transformations keep the direct path.
+array once the program runs, with a custom JVP written in jax.numpy (JAX transposes it for
+reverse mode), so jit, grad, jvp, vmap and their compositions go through it. The callback
+computes on the host backend (the GPU through staging where one is present): a JAX array on a GPU
+makes a round trip through host memory inside a jitted program. Concrete JAX arrays outside
+transformations keep the direct path.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from ._dtypes import storage_name
 from .layout import normalize_axis
 
-_traced = None  # the custom-VJP function, built on the first traced call
+_traced = None  # the custom-JVP function, built on the first traced call
 
 
 def is_tracer(x) -> bool:
@@ -55,23 +56,23 @@ def _build():
         # expand_dims: a vmapped call passes one array with the batch in front, computed at once
         return jax.pure_callback(compute, shape, x, vmap_method="expand_dims")
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
     def softmax(x, axis, op, safe):
         return on_host(x, axis, op, safe)
 
-    def forward(x, axis, op, safe):
-        y = on_host(x, axis, op, safe)
-        return y, y
-
-    def backward(axis, op, safe, y, grad):
-        # in float32 for 16-bit values, as the forward computes
+    @softmax.defjvp
+    def tangent(axis, op, safe, primals, tangents):
+        # Linear in the tangent, with y from the callback, so JAX transposes it for reverse mode:
+        # softmax's y (t - sum(t y)) (J is symmetric), log_softmax's t - sum(t exp(y)), whose
+        # transpose g - exp(y) sum(g) is the usual backward. In float32 for 16-bit values.
+        (x,), (t,) = primals, tangents
+        y = softmax(x, axis, op, safe)
         wide = jnp.promote_types(y.dtype, jnp.float32)
-        y32, g32 = y.astype(wide), grad.astype(wide)
+        y32, t32 = y.astype(wide), t.astype(wide)
         if op == "softmax":
-            dx = y32 * (g32 - jnp.sum(g32 * y32, axis=axis, keepdims=True))
+            dy = y32 * (t32 - jnp.sum(t32 * y32, axis=axis, keepdims=True))
         else:
-            dx = g32 - jnp.exp(y32) * jnp.sum(g32, axis=axis, keepdims=True)
-        return (dx.astype(y.dtype),)
+            dy = t32 - jnp.sum(t32 * jnp.exp(y32), axis=axis, keepdims=True)
+        return y, dy.astype(y.dtype)
 
-    softmax.defvjp(forward, backward)
     return softmax
