@@ -2,7 +2,7 @@
 planner's choice and torch.softmax: how rows a warp (lane groups x the variant's batch) and
 threads a block set a small call's time.
 
-    python3 tools/warp_batch_probe.py float32:4096x64 float16:8192x64 ... [--reps 200]
+    python3 tools/warp_batch_probe.py float32:4096x64 float16:8192x64 ... [--reps 200] [--every-vec]
 
 Each line: the variant, threads a block, rows a warp, the grid, the device time a call (median of
 CUDA-event timings with the L2 flushed, the GPU held busy while the host issues the call) and the
@@ -23,7 +23,7 @@ from portable_softmax.bench import _Timer
 from portable_softmax.planner import I32, I64, Launch, Plan, RowProblem, plan, register_vec
 
 
-def probe(spec: str, op: str, rt, device: int, profile, timer: _Timer) -> None:
+def probe(spec: str, op: str, rt, device: int, profile, timer: _Timer, every_vec: bool = False) -> None:
     dtype, shape = spec.split(":")
     rows, cols = (int(d) for d in shape.split("x"))
     x = (torch.randn(rows, cols, device="cuda") * 4).to(getattr(torch, dtype))
@@ -36,10 +36,11 @@ def probe(spec: str, op: str, rt, device: int, profile, timer: _Timer) -> None:
     print(f"{spec} {op}: planner {chosen.tier} {[(s.kernel, s.grid, s.block) for s in chosen.launches]} "
           f"{timer.median_ms(lambda: ours(x, out=y)) * 1e3:.2f} us; "
           f"torch {timer.median_ms(lambda: theirs(x, dim=-1)) * 1e3:.2f} us")
-    vec = register_vec(problem, profile.warp_size)
+    vecs = V.vector_widths(dtype) if every_vec else (register_vec(problem, profile.warp_size),)
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, rows), (I64, cols), (I64, cols), (I64, cols), (I32, 0))
     stream = torch.cuda.current_stream().cuda_stream
-    for variant in V.warp_variants(dtype, op, profile.warp_size, vec):
+    for variant in (v for vec in vecs for v in V.warp_variants(dtype, op, profile.warp_size, vec)):
+        vec = variant.vec
         if variant.lanes * variant.slots * vec < cols or variant.lanes == 1:
             continue
         batch = V.warp_batch(dtype, variant.slots, vec)
@@ -64,13 +65,15 @@ def main() -> None:
     ap.add_argument("specs", nargs="+")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--op", default="softmax")
+    ap.add_argument("--every-vec", action="store_true",
+                    help="scalar and 16-byte slots both, not only the planner's width for the rows")
     args = ap.parse_args()
     rt = _probe.runtime("cuda")
     device = torch.cuda.current_device()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     timer = _Timer(torch, args.reps)
     for spec in args.specs:
-        probe(spec, args.op, rt, device, rt.profile(device), timer)
+        probe(spec, args.op, rt, device, rt.profile(device), timer, args.every_vec)
 
 
 if __name__ == "__main__":
