@@ -154,6 +154,10 @@ def _batched(torch, x, axis: int, op: str, safe: bool):
     functorch = torch._C._functorch
     level = functorch.maybe_get_level(x)
     inner, batch_dim = functorch._unwrap_batched(x, level)
+    if inner.requires_grad and torch.is_grad_enabled():
+        # a vmapped tensor that autograd records underneath (a leaf that requires grad): the
+        # operator, whose vmap rule keeps autograd's record through the batch
+        return call("operator", x, axis, op, safe)
     inner = inner.movedim(batch_dim, 0)
     if x.dim() == 0:  # a batch of 0-d tensors: each a row of one
         y = compute(inner.unsqueeze(1), 1).squeeze(1)

@@ -353,6 +353,21 @@ def test_eager_vmap_takes_the_batch_apart_without_the_operator(monkeypatch):
     torch.testing.assert_close(torch.vmap(ps.softmax)(x[0, 0]), torch.ones(9, dtype=torch.float64))
 
 
+def test_eager_vmap_of_a_tensor_that_requires_grad_keeps_the_gradient():
+    """A leaf that requires grad under vmap: autograd records underneath the batch, so the call
+    goes through the operator (its vmap rule) and the gradient is torch's."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    gen = torch.Generator().manual_seed(19)
+    x = torch.randn(3, 5, 7, dtype=torch.float64, generator=gen)
+    w = torch.randn(3, 5, 7, dtype=torch.float64, generator=gen)
+    for op in ("softmax", "log_softmax"):
+        ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        (torch.vmap(getattr(ps, op), in_dims=1, out_dims=1)(ours) * w).sum().backward()
+        (getattr(torch, op)(theirs, -1) * w).sum().backward()
+        torch.testing.assert_close(ours.grad, theirs.grad)
+        assert torch.vmap(getattr(ps, op))(ours).requires_grad
+
+
 def test_nested_vmap_a_batch_of_scalars_and_vmap_of_jacrev():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     gen = torch.Generator().manual_seed(12)
