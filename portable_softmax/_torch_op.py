@@ -146,24 +146,19 @@ def _batched(torch, x, axis: int, op: str, safe: bool):
     computed at once with the batch in front (the vmap rule's layout), and put back."""
     from . import api
 
-    # the public entry points: a plain tensor takes its prepared launches, one batched at a lower
-    # level (nested vmap) comes back here
-    def compute(t, axis):
-        return api.softmax(t, axis, safe=safe) if op == "softmax" else api.log_softmax(t, axis)
-
     functorch = torch._C._functorch
     level = functorch.maybe_get_level(x)
     inner, batch_dim = functorch._unwrap_batched(x, level)
-    if inner.requires_grad and torch.is_grad_enabled():
-        # a vmapped tensor that autograd records underneath (a leaf that requires grad): the
-        # operator, whose vmap rule keeps autograd's record through the batch
-        return call("operator", x, axis, op, safe)
     inner = inner.movedim(batch_dim, 0)
-    if x.dim() == 0:  # a batch of 0-d tensors: each a row of one
-        y = compute(inner.unsqueeze(1), 1).squeeze(1)
-    else:
-        y = compute(inner, axis + 1)
-    return functorch._add_batch_dim(y, 0, level)
+    rows, rows_axis = (inner.unsqueeze(1), 1) if x.dim() == 0 else (inner, axis + 1)  # 0-d: rows of one
+    if inner.requires_grad and torch.is_grad_enabled():
+        # autograd records underneath the batch (a leaf that requires grad, or torch.func.grad /
+        # jacrev around the vmap): the autograd function with its own context set-up, the only
+        # kind functorch takes while a vmap is active
+        y = call("transform", rows, rows_axis, op, safe)
+    else:  # the public entry points: the prepared launches; a lower vmap level comes back here
+        y = api.softmax(rows, rows_axis, safe=safe) if op == "softmax" else api.log_softmax(rows, rows_axis)
+    return functorch._add_batch_dim(y.squeeze(1) if x.dim() == 0 else y, 0, level)
 
 
 def _kernel(x, axis, op, safe):

@@ -354,8 +354,8 @@ def test_eager_vmap_takes_the_batch_apart_without_the_operator(monkeypatch):
 
 
 def test_eager_vmap_of_a_tensor_that_requires_grad_keeps_the_gradient():
-    """A leaf that requires grad under vmap: autograd records underneath the batch, so the call
-    goes through the operator (its vmap rule) and the gradient is torch's."""
+    """A leaf that requires grad under vmap, and jacrev around a vmap: autograd records underneath
+    the batch, and the gradient is torch's (the operator's own vmap rule took neither)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     gen = torch.Generator().manual_seed(19)
     x = torch.randn(3, 5, 7, dtype=torch.float64, generator=gen)
@@ -366,6 +366,8 @@ def test_eager_vmap_of_a_tensor_that_requires_grad_keeps_the_gradient():
         (getattr(torch, op)(theirs, -1) * w).sum().backward()
         torch.testing.assert_close(ours.grad, theirs.grad)
         assert torch.vmap(getattr(ps, op))(ours).requires_grad
+        torch.testing.assert_close(torch.func.jacrev(torch.vmap(getattr(ps, op)))(x[0]),
+                                   torch.func.jacrev(torch.vmap(lambda t, op=op: getattr(torch, op)(t, -1)))(x[0]))
 
 
 def test_nested_vmap_a_batch_of_scalars_and_vmap_of_jacrev():
