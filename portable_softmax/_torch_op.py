@@ -70,18 +70,18 @@ def route(x) -> str | None:
                    or (type(x) is not torch.Tensor and torch._subclasses.fake_tensor.is_fake(x)))
     if x.requires_grad and torch.is_grad_enabled():
         return "transform" if transformed else "autograd"
-    if transformed and not compiling and _live_batch_level(torch, x) is not None:
+    if transformed and not compiling and _in_live_vmap(torch, x):
         return "batched"
     return "operator" if transformed else None
 
 
-def _live_batch_level(torch, x) -> int | None:
-    """The vmap level of a batched tensor inside its vmap (not one that escaped it), else None."""
+def _in_live_vmap(torch, x) -> bool:
+    """Whether ``x`` is batched by a vmap that is still running (not a tensor that escaped it)."""
     functorch = torch._C._functorch
     if not functorch.is_batchedtensor(x):
-        return None
-    level, current = functorch.maybe_get_level(x), functorch.maybe_current_level()
-    return level if current is not None and level <= current else None
+        return False
+    current = functorch.maybe_current_level()
+    return current is not None and functorch.maybe_get_level(x) <= current
 
 
 def call(how: str, x, axis: int, op: str, safe: bool):
@@ -124,8 +124,8 @@ def _register() -> None:
     torch.library.register_autograd(NAME, _backward, setup_context=_setup_context, lib=_library)
     _backward_ops.update(softmax=torch.ops.aten._softmax_backward_data,
                          log_softmax=torch.ops.aten._log_softmax_backward_data)
-    _functions.update(transform=_transform_function(torch), autograd=_eager_function(torch),
-                      forward=_forward_mode_function(torch))
+    transform = _transform_function(torch)
+    _functions.update(transform=transform, autograd=_eager_function(torch), forward=_forward_mode_function(transform))
     _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
 
 
@@ -150,7 +150,7 @@ def _batched(torch, x, axis: int, op: str, safe: bool):
     level = functorch.maybe_get_level(x)
     inner, batch_dim = functorch._unwrap_batched(x, level)
     inner = inner.movedim(batch_dim, 0)
-    rows, rows_axis = (inner.unsqueeze(1), 1) if x.dim() == 0 else (inner, axis + 1)  # 0-d: rows of one
+    rows, rows_axis, unrow = _batch_rows(inner, axis)
     if inner.requires_grad and torch.is_grad_enabled():
         # autograd records underneath the batch (a leaf that requires grad, or torch.func.grad /
         # jacrev around the vmap): the autograd function with its own context set-up, the only
@@ -158,7 +158,15 @@ def _batched(torch, x, axis: int, op: str, safe: bool):
         y = call("transform", rows, rows_axis, op, safe)
     else:  # the public entry points: the prepared launches; a lower vmap level comes back here
         y = api.softmax(rows, rows_axis, safe=safe) if op == "softmax" else api.log_softmax(rows, rows_axis)
-    return functorch._add_batch_dim(y.squeeze(1) if x.dim() == 0 else y, 0, level)
+    return functorch._add_batch_dim(unrow(y), 0, level)
+
+
+def _batch_rows(batch_first, axis: int):
+    """(rows, their axis, the inverse for the result) of a tensor whose batch leads and whose items
+    reduce along ``axis``: a batch of 0-d items becomes rows of one."""
+    if batch_first.dim() == 1:
+        return batch_first.unsqueeze(1), 1, lambda y: y.squeeze(1)
+    return batch_first, axis + 1, lambda y: y
 
 
 def _kernel(x, axis, op, safe):
@@ -175,10 +183,8 @@ def _vmap_rule(info, in_dims, x, axis, op, safe):
     batch_dim = in_dims[0]
     if batch_dim is None:
         return _operator(x, axis, op, safe), None
-    x = x.movedim(batch_dim, 0)
-    if x.dim() == 1:  # a batch of 0-d tensors: each is a row of one
-        return _operator(x.unsqueeze(1), 1, op, safe).squeeze(1), 0
-    return _operator(x, axis + 1, op, safe), 0
+    rows, rows_axis, unrow = _batch_rows(x.movedim(batch_dim, 0), axis)
+    return unrow(_operator(rows, rows_axis, op, safe)), 0
 
 
 def _setup_context(ctx, inputs, output):
@@ -225,19 +231,13 @@ def _transform_function(torch):
     return PortableSoftmax
 
 
-def _forward_mode_function(torch):
-    class PortableSoftmaxForward(torch.autograd.Function):  # grad_fn: PortableSoftmaxForwardBackward
+def _forward_mode_function(base):
+    class PortableSoftmaxForward(base):  # grad_fn: PortableSoftmaxForwardBackward
         """PortableSoftmax with a forward-mode formula too (torch.compile cannot trace a jvp, so
         only calls under forward-mode AD take this one)."""
 
-        generate_vmap_rule = True
         setup_context = staticmethod(_setup_forward_context)
-        backward = staticmethod(_backward)
         jvp = staticmethod(_jvp)
-
-        @staticmethod
-        def forward(x, axis, op, safe):
-            return _operator(x.detach(), axis, op, safe)
 
     return PortableSoftmaxForward
 
