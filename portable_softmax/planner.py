@@ -383,24 +383,44 @@ SMALL_INPUT_UNSTAGED_MIN_COLS = 16
 #: rows within one wave (0.25-4 MiB) +3 to +15 (float32 4096x64 81 / 79 -> 89 / 93, 2621x100 90 /
 #: 81 -> 93 / 96, 8256x127 121 / 118 -> 126 / 128, float16 2621x200 79 -> 90); past it 3-24
 #: slower (float32 16384x64 84 -> 72, 32767x64 110 -> 86, float16 10485x200 104 -> 98), so those
-#: keep their rows. Lane groups of fewer than a warp keep theirs too (float16 64 columns on the
-#: H100: 8 lanes a row, 8 rows a warp 5.73 us; 16 lanes 5.92; a warp a row 6.56-7.07).
+#: keep their rows. Lane groups: below.
 SMALL_INPUT_ONE_ROW_A_WARP_WAVES = 1.0
 ONE_ROW_A_WARP_MOST_SLOTS = 4
+#: lane groups of fewer lanes than a warp but at least 1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD of
+#: one (their lanes' slots hold 16 bytes of a row, so each group takes two rows, and a warp several
+#: groups) take one row a warp too where the rows fit SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES
+#: waves of resident warps. Measured on an H100 (device time a call, us, `tools/warp_batch_probe.py`;
+#: lane groups / one row a warp / torch): float16 2048x64 5.28 / 4.90 / 4.64, 1310x100 5.73 / 5.12 /
+#: 5.31, 4096x128 5.79 / 5.57 / 5.73; past half a wave the groups are faster: 5461x96 5.86 / 5.98,
+#: 8192x64 5.79 / 7.07, float32 8192x32 5.31 / 6.21. Then (`tools/ab_bench.py`, two runs, % of the
+#: copy, softmax and log_softmax, 0.1-1.6 MiB): 16-bit groups of 8-16 lanes +2 to +11 (float16
+#: 1024x48 74-75 -> 81-86, 2048x128 79-80 -> 87-90, bfloat16 3000x128 80-81 -> 87-88; 4096x100
+#: level), float32 groups of 16 lanes +0 to +4, of 8 level (-4 to +3), of 2-4 lanes (8-16 columns,
+#: a warp 8-16 times the lanes) 3-8 slower; rows of 6000 (over half a wave) at one row a warp 1-8
+#: slower.
+SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES = 0.5
+LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD = 4
 
 
 def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
                     variant: V.WarpVariant) -> V.WarpVariant:
-    """The register-tier variant for rows of `slots` slots: `variant`, or where a whole warp reads
-    each row several rows at a time and the rows fit SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of
-    resident warps, the variant taking one."""
-    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // device.warp_size
-    if (variant.lanes != device.warp_size or V.warp_batch(p.dtype, variant.slots, vec) == 1
-            or p.rows > SMALL_INPUT_ONE_ROW_A_WARP_WAVES * resident_warps):
+    """The register-tier variant for rows of `slots` slots: `variant`, or where a warp takes several
+    rows at a time (a whole warp's batch, or several lane groups) and the rows fit
+    SMALL_INPUT_ONE_ROW_A_WARP_WAVES (lane groups of at least 1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD
+    of a warp: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES) waves of resident warps, the whole-warp
+    variant taking one."""
+    warp = device.warp_size
+    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
+    whole_warp = variant.lanes == warp
+    waves = SMALL_INPUT_ONE_ROW_A_WARP_WAVES if whole_warp else SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES
+    if (variant.lanes * LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD < warp  # (lanes 1: tiny rows, by design)
+            or (whole_warp and V.warp_batch(p.dtype, variant.slots, vec) == 1)
+            or p.rows > waves * resident_warps):
         return variant
-    most = ONE_ROW_A_WARP_MOST_SLOTS * ceil(slots / variant.lanes)
-    deeper = [v for v in _warp_candidates(p, device, vec) if v.lanes == variant.lanes
-              and variant.slots < v.slots <= most and V.warp_batch(p.dtype, v.slots, vec) == 1]
+    most = ONE_ROW_A_WARP_MOST_SLOTS * ceil(slots / warp)
+    deeper = [v for v in _warp_candidates(p, device, vec) if v.lanes == warp
+              and (variant.slots < v.slots or not whole_warp) and v.slots <= most
+              and V.warp_batch(p.dtype, v.slots, vec) == 1]
     return min(deeper, key=lambda v: v.slots, default=variant)
 
 

@@ -802,22 +802,28 @@ def _warp_kernel(name: str) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
-    """Rows a whole warp reads several at a time go one a warp where they fit
-    SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of resident warps, on the shortest deeper variant whose
-    batch is one and that holds at most ONE_ROW_A_WARP_MOST_SLOTS times the slots a lane needs;
-    more rows, lane groups and rows already one a warp plan as without the rule."""
+    """Rows a warp takes several at a time go one a warp where they fit the rule's waves of resident
+    warps (SMALL_INPUT_ONE_ROW_A_WARP_WAVES for a whole warp's batch,
+    SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES for lane groups of at least
+    1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD of a warp), on the shortest whole-warp variant of the
+    same vectors whose batch is one and that holds at most ONE_ROW_A_WARP_MOST_SLOTS times the slots
+    a lane of a warp needs; more rows, narrower groups and rows already one a warp plan as without."""
     set_small_input_rules(monkeypatch, True)
-    waves = planner.SMALL_INPUT_ONE_ROW_A_WARP_WAVES
-    warp, changed = device.warp_size, 0
+    knobs = ("SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES")
+    committed = {name: getattr(planner, name) for name in knobs}
+    warp, changed, groups_changed = device.warp_size, 0, 0
     resident = device.multiprocessors * device.max_threads_per_multiprocessor // warp
-    for dtype, cols, rows in itertools.product(("float32", "float16"), (33, 64, 100, 127, 128, 200, 256, 300),
-                                               (1, 8, 1000, resident, resident + 1, 4 * resident, 1 << 18)):
+    for dtype, cols, rows in itertools.product(
+            ("float32", "float16"), (8, 16, 24, 33, 48, 64, 100, 127, 128, 200, 256, 300),
+            (1, 8, 1000, resident // 2, resident // 2 + 1, resident, resident + 1, 4 * resident, 1 << 18)):
         problem = RowProblem(dtype, "softmax", rows, cols)
         after = plan(problem, device)
-        monkeypatch.setattr(planner, "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", 0.0)
+        for name in knobs:
+            monkeypatch.setattr(planner, name, 0.0)
         plan.cache_clear()
         before = plan(problem, device)
-        monkeypatch.setattr(planner, "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", waves)
+        for name, value in committed.items():
+            monkeypatch.setattr(planner, name, value)
         plan.cache_clear()
         what = (dtype, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
@@ -825,21 +831,25 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
             continue
         lanes, slots, vec = _warp_kernel(before.launches[0].kernel)
         several = lanes == warp and V.warp_batch(dtype, slots, vec) > 1
-        if not several or rows > waves * resident:
+        group = lanes < warp and lanes * planner.LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD >= warp
+        waves = committed[knobs[0]] if several else committed[knobs[1]]
+        if not (several or group) or rows > waves * resident:
             assert after == before, what
             continue
         lanes_after, slots_after, vec_after = _warp_kernel(after.launches[0].kernel)
-        needed = ceil(before.notes["slots"] / lanes)
+        needed = ceil(before.notes["slots"] / warp)
         if (lanes_after, slots_after) == (lanes, slots):  # no deeper variant within the limits
             assert not [v for v in planner._warp_candidates(problem, device, vec)
-                        if v.lanes == lanes and slots < v.slots <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed
+                        if v.lanes == warp and (slots < v.slots or group)
+                        and v.slots <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed
                         and V.warp_batch(dtype, v.slots, vec) == 1], what
             continue
         changed += 1
-        assert (lanes_after, vec_after) == (lanes, vec), what
+        groups_changed += group
+        assert (lanes_after, vec_after) == (warp, vec), what
         assert V.warp_batch(dtype, slots_after, vec) == 1, what
-        assert slots < slots_after <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed, what
-        assert V.warp_batch(dtype, slots_after // 2, vec) > 1, what  # the shortest such
+        assert slots_after <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed, what
+        assert slots_after == 1 or V.warp_batch(dtype, slots_after // 2, vec) > 1, what  # the shortest such
         # a row a warp: the block's warps take a row each, at least as many blocks as before
         assert after.launches[0].grid >= before.launches[0].grid, what
-    assert changed >= 4, "the rule changed too few plans to be tested"
+    assert changed >= 4 and groups_changed >= 2, "the rule changed too few plans to be tested"
