@@ -386,34 +386,36 @@ SMALL_INPUT_UNSTAGED_MIN_COLS = 16
 #: keep their rows. Lane groups: below.
 SMALL_INPUT_ONE_ROW_A_WARP_WAVES = 1.0
 ONE_ROW_A_WARP_MOST_SLOTS = 4
-#: lane groups of fewer lanes than a warp but at least 1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD of
-#: one (their lanes' slots hold 16 bytes of a row, so each group takes two rows, and a warp several
-#: groups) take one row a warp too where the rows fit SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES
-#: waves of resident warps. Measured on an H100 (device time a call, us, `tools/warp_batch_probe.py`;
-#: lane groups / one row a warp / torch): float16 2048x64 5.28 / 4.90 / 4.64, 1310x100 5.73 / 5.12 /
-#: 5.31, 4096x128 5.79 / 5.57 / 5.73; past half a wave the groups are faster: 5461x96 5.86 / 5.98,
-#: 8192x64 5.79 / 7.07, float32 8192x32 5.31 / 6.21. Then (`tools/ab_bench.py`, two runs, % of the
-#: copy, softmax and log_softmax, 0.1-1.6 MiB): 16-bit groups of 8-16 lanes +2 to +11 (float16
-#: 1024x48 74-75 -> 81-86, 2048x128 79-80 -> 87-90, bfloat16 3000x128 80-81 -> 87-88; 4096x100
-#: level), float32 groups of 16 lanes +0 to +4, of 8 level (-4 to +3), of 2-4 lanes (8-16 columns,
-#: a warp 8-16 times the lanes) 3-8 slower; rows of 6000 (over half a wave) at one row a warp 1-8
-#: slower.
+#: lane groups of fewer lanes than a warp (their lanes' slots hold 16 bytes of a row, so each group
+#: takes two rows, and a warp several groups) take one row a warp too where the rows fit
+#: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES waves of resident warps and a warp has at most
+#: LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD[itemsize] times the group's lanes. Measured on an H100
+#: (device time a call, us, `tools/warp_batch_probe.py`; lane groups / one row a warp / torch):
+#: float16 2048x64 5.28 / 4.90 / 4.64, 1310x100 5.73 / 5.12 / 5.31, 4096x128 5.79 / 5.57 / 5.73;
+#: past half a wave the groups are faster: 5461x96 5.86 / 5.98, 8192x64 5.79 / 7.07, float32 8192x32
+#: 5.31 / 6.21. Then on two H100 hosts (`tools/ab_bench.py`, two runs each, % of the copy, softmax
+#: and log_softmax, 0.1-1.6 MiB): 16-bit groups of 8-16 lanes +1 to +11 (float16 1024x48 74-78 ->
+#: 81-87, 2048x128 78-80 -> 87-90, bfloat16 3000x128 78-81 -> 87-88; 4096x100 level); float32
+#: groups of 16 lanes level to +7 (2048x48 80-85 -> 86-90), of 8 level to 4 slower (4096x32
+#: log_softmax 90-91 -> 87), of 2-4 (8-16 columns) 3-8 slower; rows of 6000 (over half a wave) at
+#: one row a warp 1-8 slower. float64 groups are not measured and keep their rows.
 SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES = 0.5
-LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD = 4
+LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD = {2: 4, 4: 2}
 
 
 def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
                     variant: V.WarpVariant) -> V.WarpVariant:
     """The register-tier variant for rows of `slots` slots: `variant`, or where a warp takes several
     rows at a time (a whole warp's batch, or several lane groups) and the rows fit
-    SMALL_INPUT_ONE_ROW_A_WARP_WAVES (lane groups of at least 1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD
-    of a warp: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES) waves of resident warps, the whole-warp
-    variant taking one."""
+    SMALL_INPUT_ONE_ROW_A_WARP_WAVES (lane groups a warp spreads at most
+    LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD times: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES) waves of
+    resident warps, the whole-warp variant taking one."""
     warp = device.warp_size
     resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
     whole_warp = variant.lanes == warp
     waves = SMALL_INPUT_ONE_ROW_A_WARP_WAVES if whole_warp else SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES
-    if (variant.lanes * LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD < warp  # (lanes 1: tiny rows, by design)
+    spread = LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD.get(V.DTYPES[p.dtype][2], 1)
+    if (variant.lanes * spread < warp  # (a lane a row: tiny rows, by design)
             or (whole_warp and V.warp_batch(p.dtype, variant.slots, vec) == 1)
             or p.rows > waves * resident_warps):
         return variant

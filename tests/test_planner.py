@@ -804,8 +804,8 @@ def _warp_kernel(name: str) -> tuple[int, int, int]:
 def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
     """Rows a warp takes several at a time go one a warp where they fit the rule's waves of resident
     warps (SMALL_INPUT_ONE_ROW_A_WARP_WAVES for a whole warp's batch,
-    SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES for lane groups of at least
-    1 / LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD of a warp), on the shortest whole-warp variant of the
+    SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES for lane groups a warp spreads at most
+    LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD[itemsize] times), on the shortest whole-warp variant of the
     same vectors whose batch is one and that holds at most ONE_ROW_A_WARP_MOST_SLOTS times the slots
     a lane of a warp needs; more rows, narrower groups and rows already one a warp plan as without."""
     set_small_input_rules(monkeypatch, True)
@@ -831,7 +831,8 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
             continue
         lanes, slots, vec = _warp_kernel(before.launches[0].kernel)
         several = lanes == warp and V.warp_batch(dtype, slots, vec) > 1
-        group = lanes < warp and lanes * planner.LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD >= warp
+        spread = planner.LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD.get(V.DTYPES[dtype][2], 1)
+        group = lanes < warp and lanes * spread >= warp
         waves = committed[knobs[0]] if several else committed[knobs[1]]
         if not (several or group) or rows > waves * resident:
             assert after == before, what
