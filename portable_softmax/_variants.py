@@ -75,11 +75,18 @@ class WarpVariant:
     lanes: int
     slots: int
     vec: int
+    one_row: bool = False  # a group takes one row a step, not warp_batch's
 
     @property
     def name(self) -> str:
         tag = DTYPES[self.dtype][0]
-        return f"ps_warp_{tag}_{self.op}_w{self.warp}_l{self.lanes}_s{self.slots}_v{self.vec}"
+        suffix = "_b1" if self.one_row else ""
+        return f"ps_warp_{tag}_{self.op}_w{self.warp}_l{self.lanes}_s{self.slots}_v{self.vec}{suffix}"
+
+    @property
+    def batch(self) -> int:
+        """Rows a lane group takes a step."""
+        return 1 if self.one_row else warp_batch(self.dtype, self.slots, self.vec)
 
 
 #: scalar rows up to this many elements are taken by one thread each, with no shuffles
@@ -98,6 +105,19 @@ def warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]
     groups = [WarpVariant(dtype, op, warp, lanes, 1, vec) for lanes in pow2_upto(warp)]
     deep = [WarpVariant(dtype, op, warp, warp, s, vec) for s in pow2_upto(max_slots(dtype, vec)) if s > 1]
     return groups + deep + (thread_row_variants(dtype, op, warp) if vec == 1 else [])
+
+
+#: dtypes whose register tier also has groups that take one row a step (one_row_variants)
+ONE_ROW_GROUP_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def one_row_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]:
+    """Groups of 2..WARP lanes, one 16-byte slot a lane, taking one row a step where warp_batch
+    would take two: for small inputs, more warps holding fewer values each."""
+    if dtype not in ONE_ROW_GROUP_DTYPES or vec != vector_widths(dtype)[1]:
+        return []
+    return [WarpVariant(dtype, op, warp, lanes, 1, vec, one_row=True) for lanes in pow2_upto(warp)
+            if lanes > 1 and warp_batch(dtype, 1, vec) > 1]
 
 
 def block_name(dtype: str, op: str, warp: int, vec: int) -> str:
@@ -256,7 +276,7 @@ def entry_names(dtype: str, warp: int) -> list[str]:
     for vec in vector_widths(dtype):
         names.append(split_partials_name(dtype, warp, vec))
         for op in OPS:
-            names += [v.name for v in warp_variants(dtype, op, warp, vec)]
+            names += [v.name for v in warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec)]
             names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
                       split_cached_name(dtype, op, warp, vec)]
             if dtype in BLOCK_REGISTERS_DTYPES:
@@ -272,8 +292,9 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
     for vec in vector_widths(dtype):
         lines.append(f"PS_PARTIALS_ENTRY({tag}, {ctype}, {warp}, {vec})")
         for op, enum in OPS.items():
-            for v in warp_variants(dtype, op, warp, vec):
-                lines.append(f"PS_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
+            for v in warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec):
+                macro = "PS_WARP_ONE_ROW_ENTRY" if v.one_row else "PS_WARP_ENTRY"
+                lines.append(f"{macro}({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
             lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
             if dtype in BLOCK_REGISTERS_DTYPES:
                 lines.append(f"PS_BLOCK_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")

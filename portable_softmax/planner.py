@@ -383,47 +383,64 @@ SMALL_INPUT_UNSTAGED_MIN_COLS = 16
 #: rows within one wave (0.25-4 MiB) +3 to +15 (float32 4096x64 81 / 79 -> 89 / 93, 2621x100 90 /
 #: 81 -> 93 / 96, 8256x127 121 / 118 -> 126 / 128, float16 2621x200 79 -> 90); past it 3-24
 #: slower (float32 16384x64 84 -> 72, 32767x64 110 -> 86, float16 10485x200 104 -> 98), so those
-#: keep their rows. Lane groups: below.
+#: keep their rows. Where one 16-byte slot a lane holds the row, the variant is the whole warp's
+#: of one slot taking one row a step (V.one_row_variants), not two slots (ONE_ROW_A_WARP_SHALLOW):
+#: half the values a lane, the empty half of them no longer computed. Measured on an H100 (two runs,
+#: % of the copy): float16 2621x200 89-95 -> 92-99, 4096x200 89-93 -> 92-96; float32 rows of 64-127
+#: columns level.
 SMALL_INPUT_ONE_ROW_A_WARP_WAVES = 1.0
 ONE_ROW_A_WARP_MOST_SLOTS = 4
-#: lane groups of fewer lanes than a warp (their lanes' slots hold 16 bytes of a row, so each group
-#: takes two rows, and a warp several groups) take one row a warp too where the rows fit
-#: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES waves of resident warps and a warp has at most
-#: LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD[itemsize] times the group's lanes. Measured on an H100
-#: (device time a call, us, `tools/warp_batch_probe.py`; lane groups / one row a warp / torch):
-#: float16 2048x64 5.28 / 4.90 / 4.64, 1310x100 5.73 / 5.12 / 5.31, 4096x128 5.79 / 5.57 / 5.73;
-#: past half a wave the groups are faster: 5461x96 5.86 / 5.98, 8192x64 5.79 / 7.07, float32 8192x32
-#: 5.31 / 6.21. Then on two H100 hosts (`tools/ab_bench.py`, two runs each, % of the copy, softmax
-#: and log_softmax, 0.1-1.6 MiB): 16-bit groups of 8-16 lanes +1 to +11 (float16 1024x48 74-78 ->
-#: 81-87, 2048x128 78-80 -> 87-90, bfloat16 3000x128 78-81 -> 87-88; 4096x100 level); float32
-#: groups of 16 lanes level to +7 (2048x48 80-85 -> 86-90), of 8 level to 4 slower (4096x32
-#: log_softmax 90-91 -> 87), of 2-4 (8-16 columns) 3-8 slower; rows of 6000 (over half a wave) at
-#: one row a warp 1-8 slower. float64 groups are not measured and keep their rows.
-SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES = 0.5
-LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD = {2: 4, 4: 2}
+ONE_ROW_A_WARP_SHALLOW = True
+#: the register tier's lane groups of a small input (SMALL_INPUT_UNSTAGED_BYTES) whose lanes hold
+#: under 32 bytes of a row (one 16-byte slot: WarpBatch gives the group two rows a step) take one row
+#: a step instead (V.one_row_variants) where their warps then fit SMALL_INPUT_ONE_ROW_GROUP_WAVES
+#: waves of resident warps: twice the warps, each lane half the values. A small call is a round of
+#: latency, and a lane's values are a chain of dependent arithmetic that few warps a scheduler do
+#: not hide (ncu, H100, float16 8192x64: 11% achieved occupancy against torch's 39%, with 2.4 times
+#: fewer instructions). Measured on an H100 (device time a call, `tools/warp_batch_probe.py`, us,
+#: two rows a step / one / torch): float16 8192x64 5.76 / 5.06 / 5.31, 4096x100 (then a warp a row)
+#: 6.21 / 5.28 / 5.73, float32 8192x32 5.28 / 5.06 / 5.06. Then (`tools/ab_bench.py`, two runs,
+#: % of the copy, softmax and log_softmax, against the plans before): float16 512x64 82-85 -> 89-90
+#: (torch 86-90), 4096x64 80-83 -> 90-92 (91-95), 8192x64 82-85 -> 92-96 (88-92), 32768x64 87-88
+#: -> 93-95 (76-81), 4096x100 77-80 -> 90-91 (84-95), 5242x100 74-76 -> 88-89 (82-92), 4096x128
+#: 85-88 -> 92-96 (82-89), 16384x128 87-88 -> 91-94 (76-84); bfloat16 6000x64 80-81 -> 95 (91-95),
+#: 12000x160 (a whole warp's one slot, 1.4 waves) 106-108 -> 113-119 (106-115); float32 8192x16 86-91
+#: -> 94-95 (94-95), 1024x32 85-89 -> 90-95 (92-94), 4096x32 86-90 -> 91-94 (93-94), 8192x48 93-94
+#: -> 90-93 (90). At one wave instead of four, 12000x160 stays level. Earlier, lane groups of 8-16
+#: lanes taking a whole warp a row within half a wave measured +1 to +11 (perf-notes); the groups
+#: of one row a step beat that by 0-10 more and keep their lanes.
+SMALL_INPUT_ONE_ROW_GROUP_WAVES = 4.0
 
 
 def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
                     variant: V.WarpVariant) -> V.WarpVariant:
-    """The register-tier variant for rows of `slots` slots: `variant`, or where a warp takes several
-    rows at a time (a whole warp's batch, or several lane groups) and the rows fit
-    SMALL_INPUT_ONE_ROW_A_WARP_WAVES (lane groups a warp spreads at most
-    LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD times: SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES) waves of
-    resident warps, the whole-warp variant taking one."""
+    """The register-tier variant for rows of `slots` slots: `variant`, or where a whole warp reads
+    each row several rows at a time and the rows fit SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of
+    resident warps, the shortest whole-warp variant taking one that holds the row."""
     warp = device.warp_size
     resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
-    whole_warp = variant.lanes == warp
-    waves = SMALL_INPUT_ONE_ROW_A_WARP_WAVES if whole_warp else SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES
-    spread = LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD.get(V.DTYPES[p.dtype][2], 1)
-    if (variant.lanes * spread < warp  # (a lane a row: tiny rows, by design)
-            or (whole_warp and V.warp_batch(p.dtype, variant.slots, vec) == 1)
-            or p.rows > waves * resident_warps):
+    if (variant.lanes != warp or variant.batch == 1
+            or p.rows > SMALL_INPUT_ONE_ROW_A_WARP_WAVES * resident_warps):
         return variant
     most = ONE_ROW_A_WARP_MOST_SLOTS * ceil(slots / warp)
-    deeper = [v for v in _warp_candidates(p, device, vec) if v.lanes == warp
-              and (variant.slots < v.slots or not whole_warp) and v.slots <= most
-              and V.warp_batch(p.dtype, v.slots, vec) == 1]
+    candidates = _warp_candidates(p, device, vec)
+    if ONE_ROW_A_WARP_SHALLOW:
+        candidates += V.one_row_variants(p.dtype, p.op, warp, vec)
+    deeper = [v for v in candidates if v.lanes == warp and v.batch == 1 and warp * v.slots >= slots
+              and v.slots <= most]
     return min(deeper, key=lambda v: v.slots, default=variant)
+
+
+def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant) -> V.WarpVariant:
+    """`variant`, or its twin taking one row a step (SMALL_INPUT_ONE_ROW_GROUP_WAVES)."""
+    warp = device.warp_size
+    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
+    if (variant.batch == 1 or not _unstaged(p)
+            or ceil(p.rows * variant.lanes / warp) > SMALL_INPUT_ONE_ROW_GROUP_WAVES * resident_warps):
+        return variant
+    twin = V.WarpVariant(variant.dtype, variant.op, variant.warp, variant.lanes, variant.slots, variant.vec,
+                         one_row=True)
+    return twin if twin in V.one_row_variants(p.dtype, p.op, warp, variant.vec) else variant
 
 
 def _unstaged(p: RowProblem) -> bool:
@@ -976,9 +993,9 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     variant = _warp_variant(p, device, vec, slots)
     if variant is not None:
-        variant = _one_row_a_warp(p, device, vec, slots, variant)
+        variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant))
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
-        batch = V.warp_batch(p.dtype, variant.slots, vec)
+        batch = variant.batch
         wanted = _spread_blocks(device)
         if wanted and ceil(p.rows / (threads // variant.lanes * batch)) < wanted:
             # fewer warps a block, so that a small input's rows spread over more multiprocessors

@@ -336,17 +336,17 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
 // ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
 // LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
 // a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
-// BATCH rows per step so that short rows still keep 32 bytes per lane in flight.
+// BATCH rows per step: WarpBatch, so that short rows still keep 32 bytes per lane in
+// flight, or one row (small inputs, where more warps of fewer values finish sooner).
 template <typename T, int SLOTS, int VEC> struct WarpBatch {
   static const int bytes = SLOTS * VEC * (int)sizeof(T);
   static const int rows = bytes >= 32 ? 1 : 32 / bytes;
 };
 
-template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC>
+template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC, int BATCH>
 PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
   typedef typename compute_of<T>::type C;
   static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
-  const int BATCH = WarpBatch<T, SLOTS, VEC>::rows;
   const int N = SLOTS * VEC;
   const int lane = PS_THREAD_X % LANES;
   const i64 group = PS_THREAD_X / LANES;
@@ -2043,9 +2043,17 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
 #define PS_WARP_ENTRY(DT, T, OPN, OP, W, L, S, V)                                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V(            \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
-    ps::warp_rows<T, OP, W, L, S, V>(x, y, rows, cols, xs, ys, safe);                                \
+    ps::warp_rows<T, OP, W, L, S, V, ps::WarpBatch<T, S, V>::rows>(x, y, rows, cols, xs, ys, safe);  \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V)
+
+// The same, a group taking one row a step (its lanes hold fewer than 32 bytes of it).
+#define PS_WARP_ONE_ROW_ENTRY(DT, T, OPN, OP, W, L, S, V)                                           \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V##_b1(       \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
+    ps::warp_rows<T, OP, W, L, S, V, 1>(x, y, rows, cols, xs, ys, safe);                             \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V##_b1)
 
 #define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kBlockTierThreads, ps::min_blocks<T>(ps::kBlockTierMinBlocks)) \

@@ -21,6 +21,7 @@ from portable_softmax.planner import (
     STRIDED_THREAD_MAX_COLS,
     STRIDED_THREAD_SHORT_COLS,
     DeviceProfile,
+    Plan,
     PlanError,
     RowProblem,
     StridedProblem,
@@ -77,7 +78,9 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
             (launch,) = p.launches
-            v = next(w for w in V.warp_variants(dtype, op, device.warp_size, p.notes["vec"]) if w.name == launch.kernel)
+            built = (V.warp_variants(dtype, op, device.warp_size, p.notes["vec"])
+                     + V.one_row_variants(dtype, op, device.warp_size, p.notes["vec"]))
+            v = next(w for w in built if w.name == launch.kernel)
             assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
         if p.tier == "cluster":  # a cluster's blocks hold the row, and the grid is whole clusters
             (launch,) = p.launches
@@ -794,63 +797,103 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     assert spread >= 4, "the rules changed too few plans to be tested"
 
 
-def _warp_kernel(name: str) -> tuple[int, int, int]:
-    """(lanes, slots, vec) of a register-tier kernel's name."""
-    fields = dict((part[0], int(part[1:])) for part in name.split("_")[-3:])
-    return fields["l"], fields["s"], fields["v"]
+def _warp_variant_of(plan_: Plan, device) -> V.WarpVariant:
+    """The register-tier variant a plan launches."""
+    (launch,) = plan_.launches
+    vec = plan_.notes["vec"]
+    for dtype in V.DTYPES:
+        for op in V.OPS:
+            for v in (V.warp_variants(dtype, op, device.warp_size, vec)
+                      + V.one_row_variants(dtype, op, device.warp_size, vec)):
+                if v.name == launch.kernel:
+                    return v
+    raise AssertionError(f"{launch.kernel} is no built register-tier variant")
+
+
+def _plans_with_and_without(monkeypatch, knob: str, problem: RowProblem, device) -> tuple[Plan, Plan]:
+    """The plan of `problem` with the small-input rules as committed, and with `knob` at 0."""
+    after = plan(problem, device)
+    committed = getattr(planner, knob)
+    monkeypatch.setattr(planner, knob, type(committed)(0))
+    plan.cache_clear()
+    before = plan(problem, device)
+    monkeypatch.setattr(planner, knob, committed)
+    plan.cache_clear()
+    return before, after
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
-    """Rows a warp takes several at a time go one a warp where they fit the rule's waves of resident
-    warps (SMALL_INPUT_ONE_ROW_A_WARP_WAVES for a whole warp's batch,
-    SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES for lane groups a warp spreads at most
-    LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD[itemsize] times), on the shortest whole-warp variant of the
-    same vectors whose batch is one and that holds at most ONE_ROW_A_WARP_MOST_SLOTS times the slots
-    a lane of a warp needs; more rows, narrower groups and rows already one a warp plan as without."""
+    """Rows a whole warp reads several at a time go one a warp where they fit
+    SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of resident warps, on the shortest whole-warp variant of
+    the same vectors that takes one row a step, holds the row and holds at most
+    ONE_ROW_A_WARP_MOST_SLOTS times the slots a lane needs (of one slot taking one row a step where
+    that holds it: ONE_ROW_A_WARP_SHALLOW); more rows, lane groups and rows already one a warp plan
+    as without the rule."""
     set_small_input_rules(monkeypatch, True)
-    knobs = ("SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_LANE_GROUP_ONE_ROW_A_WARP_WAVES")
-    committed = {name: getattr(planner, name) for name in knobs}
-    warp, changed, groups_changed = device.warp_size, 0, 0
+    monkeypatch.setattr(planner, "SMALL_INPUT_ONE_ROW_GROUP_WAVES", 0.0)  # its own test below
+    waves = planner.SMALL_INPUT_ONE_ROW_A_WARP_WAVES
+    warp, changed, shallow = device.warp_size, 0, 0
     resident = device.multiprocessors * device.max_threads_per_multiprocessor // warp
-    for dtype, cols, rows in itertools.product(
-            ("float32", "float16"), (8, 16, 24, 33, 48, 64, 100, 127, 128, 200, 256, 300),
-            (1, 8, 1000, resident // 2, resident // 2 + 1, resident, resident + 1, 4 * resident, 1 << 18)):
+    for dtype, cols, rows in itertools.product(("float32", "float16"), (33, 64, 100, 127, 128, 200, 256, 300),
+                                               (1, 8, 1000, resident, resident + 1, 4 * resident, 1 << 18)):
         problem = RowProblem(dtype, "softmax", rows, cols)
-        after = plan(problem, device)
-        for name in knobs:
-            monkeypatch.setattr(planner, name, 0.0)
-        plan.cache_clear()
-        before = plan(problem, device)
-        for name, value in committed.items():
-            monkeypatch.setattr(planner, name, value)
-        plan.cache_clear()
+        before, after = _plans_with_and_without(monkeypatch, "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", problem, device)
         what = (dtype, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
             assert after == before, what
             continue
-        lanes, slots, vec = _warp_kernel(before.launches[0].kernel)
-        several = lanes == warp and V.warp_batch(dtype, slots, vec) > 1
-        spread = planner.LANE_GROUP_ONE_ROW_A_WARP_MOST_SPREAD.get(V.DTYPES[dtype][2], 1)
-        group = lanes < warp and lanes * spread >= warp
-        waves = committed[knobs[0]] if several else committed[knobs[1]]
-        if not (several or group) or rows > waves * resident:
+        was = _warp_variant_of(before, device)
+        if was.lanes != warp or was.batch == 1 or rows > waves * resident:
             assert after == before, what
             continue
-        lanes_after, slots_after, vec_after = _warp_kernel(after.launches[0].kernel)
-        needed = ceil(before.notes["slots"] / warp)
-        if (lanes_after, slots_after) == (lanes, slots):  # no deeper variant within the limits
-            assert not [v for v in planner._warp_candidates(problem, device, vec)
-                        if v.lanes == warp and (slots < v.slots or group)
-                        and v.slots <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed
-                        and V.warp_batch(dtype, v.slots, vec) == 1], what
+        now = _warp_variant_of(after, device)
+        needed = before.notes["slots"]
+        most = planner.ONE_ROW_A_WARP_MOST_SLOTS * ceil(needed / warp)
+        if now == was:  # no variant within the limits
+            assert not [v for v in planner._warp_candidates(problem, device, was.vec) + V.one_row_variants(
+                dtype, "softmax", warp, was.vec) if v.lanes == warp and v.batch == 1 and v.slots <= most], what
             continue
         changed += 1
-        groups_changed += group
-        assert (lanes_after, vec_after) == (warp, vec), what
-        assert V.warp_batch(dtype, slots_after, vec) == 1, what
-        assert slots_after <= planner.ONE_ROW_A_WARP_MOST_SLOTS * needed, what
-        assert slots_after == 1 or V.warp_batch(dtype, slots_after // 2, vec) > 1, what  # the shortest such
+        shallow += now.one_row
+        assert (now.lanes, now.vec, now.batch) == (warp, was.vec, 1), what
+        assert warp * now.slots >= needed and now.slots <= most, what
+        # the shortest such: a one-slot variant taking one row a step where that holds the row
+        assert now.slots == 1 or (warp * now.vec > needed * was.vec and not now.one_row) or warp < needed, what
+        assert now.one_row == (now.slots == 1), what
         # a row a warp: the block's warps take a row each, at least as many blocks as before
         assert after.launches[0].grid >= before.launches[0].grid, what
-    assert changed >= 4 and groups_changed >= 2, "the rule changed too few plans to be tested"
+    assert changed >= 4 and shallow >= 2, "the rule changed too few plans to be tested"
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
+    """A small input's register-tier groups that take several rows a step take one instead (the
+    same lanes, slots and vectors) where their warps then fit SMALL_INPUT_ONE_ROW_GROUP_WAVES waves
+    of resident warps; larger inputs and groups of one row a step plan as without the rule."""
+    set_small_input_rules(monkeypatch, True)
+    waves = planner.SMALL_INPUT_ONE_ROW_GROUP_WAVES
+    warp, changed = device.warp_size, 0
+    resident = device.multiprocessors * device.max_threads_per_multiprocessor // warp
+    for dtype, op, cols, rows in itertools.product(
+            ("float32", "float16", "bfloat16", "float64"), ("softmax", "log_softmax"), (16, 32, 48, 64, 100, 160),
+            (1, 64, 1000, 8000, 30000, 70000, 140000, 1 << 20)):
+        problem = RowProblem(dtype, op, rows, cols)
+        before, after = _plans_with_and_without(monkeypatch, "SMALL_INPUT_ONE_ROW_GROUP_WAVES", problem, device)
+        what = (dtype, op, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
+        if before.tier != "warp":
+            assert after == before, what
+            continue
+        was = _warp_variant_of(before, device)
+        warps = ceil(rows * was.lanes / warp)
+        small = rows * cols * V.DTYPES[dtype][2] < planner.SMALL_INPUT_UNSTAGED_BYTES
+        if (was.batch == 1 or not small or warps > waves * resident or dtype not in V.ONE_ROW_GROUP_DTYPES
+                or (was.slots, was.vec) != (1, V.vector_widths(dtype)[1])):
+            assert after == before, what
+            continue
+        now = _warp_variant_of(after, device)
+        assert now.one_row and now.batch == 1, what
+        assert (now.dtype, now.op, now.lanes, now.slots, now.vec) == (was.dtype, was.op, was.lanes, was.slots, was.vec)
+        assert after.launches[0].grid * after.launches[0].block >= before.launches[0].grid * before.launches[0].block
+        changed += 1
+    assert changed >= 8, "the rule changed too few plans to be tested"

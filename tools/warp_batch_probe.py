@@ -1,6 +1,6 @@
-"""Device time of every compiled register-tier variant that holds a row, on small inputs, beside the
-planner's choice and torch.softmax: how rows a warp (lane groups x the variant's batch) and
-threads a block set a small call's time.
+"""Device time of every compiled register-tier variant that holds a row (those taking one row a
+step too), on small inputs, beside the planner's choice and torch.softmax: how rows a warp (lane
+groups x the variant's batch) and threads a block set a small call's time.
 
     python3 tools/warp_batch_probe.py float32:4096x64 float16:8192x64 ... [--reps 200] [--every-vec]
 
@@ -39,11 +39,13 @@ def probe(spec: str, op: str, rt, device: int, profile, timer: _Timer, every_vec
     vecs = V.vector_widths(dtype) if every_vec else (register_vec(problem, profile.warp_size),)
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, rows), (I64, cols), (I64, cols), (I64, cols), (I32, 0))
     stream = torch.cuda.current_stream().cuda_stream
-    for variant in (v for vec in vecs for v in V.warp_variants(dtype, op, profile.warp_size, vec)):
+    variants = [v for vec in vecs for v in V.warp_variants(dtype, op, profile.warp_size, vec)
+                + V.one_row_variants(dtype, op, profile.warp_size, vec)]
+    for variant in variants:
         vec = variant.vec
         if variant.lanes * variant.slots * vec < cols or variant.lanes == 1:
             continue
-        batch = V.warp_batch(dtype, variant.slots, vec)
+        batch = variant.batch
         for threads in (32, 64, 128, 256):
             grid = ceil(rows / (threads // variant.lanes * batch))
             launch = Launch(variant.name, grid, threads, 0, row_args, cut_to_one_wave=False)
