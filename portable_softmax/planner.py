@@ -402,13 +402,13 @@ ONE_ROW_A_WARP_SHALLOW = True
 #: 6.21 / 5.28 / 5.73, float32 8192x32 5.28 / 5.06 / 5.06. Then (`tools/ab_bench.py`, two runs,
 #: % of the copy, softmax and log_softmax, against the plans before): float16 512x64 82-85 -> 89-90
 #: (torch 86-90), 4096x64 80-83 -> 90-92 (91-95), 8192x64 82-85 -> 92-96 (88-92), 32768x64 87-88
-#: -> 93-95 (76-81), 4096x100 77-80 -> 90-91 (84-95), 5242x100 74-76 -> 88-89 (82-92), 4096x128
-#: 85-88 -> 92-96 (82-89), 16384x128 87-88 -> 91-94 (76-84); bfloat16 6000x64 80-81 -> 95 (91-95),
+#: -> 93-94 (76-81), 4096x100 77-80 -> 90-91 (84-95), 5242x100 74-76 -> 88-89 (82-92), 4096x128
+#: 85-88 -> 92-96 (82-89), 16384x128 87-88 -> 92-94 (76-84); bfloat16 6000x64 80-81 -> 95 (91-95),
 #: 12000x160 (a whole warp's one slot, 1.4 waves) 106-108 -> 113-119 (106-115); float32 8192x16 86-91
 #: -> 94-95 (94-95), 1024x32 85-89 -> 90-95 (92-94), 4096x32 86-90 -> 91-94 (93-94), 8192x48 93-94
 #: -> 90-93 (90). At one wave instead of four, 12000x160 stays level. Earlier, lane groups of 8-16
-#: lanes taking a whole warp a row within half a wave measured +1 to +11 (perf-notes); the groups
-#: of one row a step beat that by 0-10 more and keep their lanes.
+#: lanes taking a whole warp a row within half a wave measured +1 to +11 (docs/perf-notes.md); the
+#: groups of one row a step beat that by 0-10 more and keep their lanes.
 SMALL_INPUT_ONE_ROW_GROUP_WAVES = 4.0
 
 
