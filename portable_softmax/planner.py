@@ -12,7 +12,7 @@ profiles (an NVIDIA H100, an AMD MI300X at warp 64, an RDNA3 card at warp 32).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from math import ceil, lcm
 
@@ -426,9 +426,9 @@ def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
     candidates = _warp_candidates(p, device, vec)
     if ONE_ROW_A_WARP_SHALLOW:
         candidates += V.one_row_variants(p.dtype, p.op, warp, vec)
-    deeper = [v for v in candidates if v.lanes == warp and v.batch == 1 and warp * v.slots >= slots
-              and v.slots <= most]
-    return min(deeper, key=lambda v: v.slots, default=variant)
+    one_a_step = [v for v in candidates if v.lanes == warp and v.batch == 1 and warp * v.slots >= slots
+                  and v.slots <= most]
+    return min(one_a_step, key=lambda v: v.slots, default=variant)
 
 
 def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant) -> V.WarpVariant:
@@ -438,8 +438,7 @@ def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant
     if (variant.batch == 1 or not _unstaged(p)
             or ceil(p.rows * variant.lanes / warp) > SMALL_INPUT_ONE_ROW_GROUP_WAVES * resident_warps):
         return variant
-    twin = V.WarpVariant(variant.dtype, variant.op, variant.warp, variant.lanes, variant.slots, variant.vec,
-                         one_row=True)
+    twin = replace(variant, one_row=True)
     return twin if twin in V.one_row_variants(p.dtype, p.op, warp, variant.vec) else variant
 
 
