@@ -120,6 +120,11 @@ def one_row_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVaria
             if lanes > 1 and warp_batch(dtype, 1, vec) > 1]
 
 
+def built_warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]:
+    """Every register-tier kernel built for these vectors: warp_variants, then one_row_variants."""
+    return warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec)
+
+
 def block_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_block_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
@@ -276,7 +281,7 @@ def entry_names(dtype: str, warp: int) -> list[str]:
     for vec in vector_widths(dtype):
         names.append(split_partials_name(dtype, warp, vec))
         for op in OPS:
-            names += [v.name for v in warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec)]
+            names += [v.name for v in built_warp_variants(dtype, op, warp, vec)]
             names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
                       split_cached_name(dtype, op, warp, vec)]
             if dtype in BLOCK_REGISTERS_DTYPES:
@@ -292,7 +297,7 @@ def _entry_lines(dtype: str, warp: int) -> list[str]:
     for vec in vector_widths(dtype):
         lines.append(f"PS_PARTIALS_ENTRY({tag}, {ctype}, {warp}, {vec})")
         for op, enum in OPS.items():
-            for v in warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec):
+            for v in built_warp_variants(dtype, op, warp, vec):
                 macro = "PS_WARP_ONE_ROW_ENTRY" if v.one_row else "PS_WARP_ENTRY"
                 lines.append(f"{macro}({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
             lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")

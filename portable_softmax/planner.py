@@ -412,15 +412,19 @@ ONE_ROW_A_WARP_SHALLOW = True
 SMALL_INPUT_ONE_ROW_GROUP_WAVES = 4.0
 
 
+def _resident_warps(device: DeviceProfile) -> int:
+    """Warps the whole device holds at once (one wave of them)."""
+    return device.multiprocessors * device.max_threads_per_multiprocessor // device.warp_size
+
+
 def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
                     variant: V.WarpVariant) -> V.WarpVariant:
     """The register-tier variant for rows of `slots` slots: `variant`, or where a whole warp reads
     each row several rows at a time and the rows fit SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of
     resident warps, the shortest whole-warp variant taking one that holds the row."""
     warp = device.warp_size
-    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
     if (variant.lanes != warp or variant.batch == 1
-            or p.rows > SMALL_INPUT_ONE_ROW_A_WARP_WAVES * resident_warps):
+            or p.rows > SMALL_INPUT_ONE_ROW_A_WARP_WAVES * _resident_warps(device)):
         return variant
     most = ONE_ROW_A_WARP_MOST_SLOTS * ceil(slots / warp)
     candidates = _warp_candidates(p, device, vec)
@@ -434,9 +438,8 @@ def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
 def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant) -> V.WarpVariant:
     """`variant`, or its twin taking one row a step (SMALL_INPUT_ONE_ROW_GROUP_WAVES)."""
     warp = device.warp_size
-    resident_warps = device.multiprocessors * device.max_threads_per_multiprocessor // warp
     if (variant.batch == 1 or not _unstaged(p)
-            or ceil(p.rows * variant.lanes / warp) > SMALL_INPUT_ONE_ROW_GROUP_WAVES * resident_warps):
+            or ceil(p.rows * variant.lanes / warp) > SMALL_INPUT_ONE_ROW_GROUP_WAVES * _resident_warps(device)):
         return variant
     twin = replace(variant, one_row=True)
     return twin if twin in V.one_row_variants(p.dtype, p.op, warp, variant.vec) else variant

@@ -78,8 +78,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             assert launch.shared_mem <= device.shared_mem_per_block
         if p.tier == "warp":
             (launch,) = p.launches
-            built = (V.warp_variants(dtype, op, device.warp_size, p.notes["vec"])
-                     + V.one_row_variants(dtype, op, device.warp_size, p.notes["vec"]))
+            built = V.built_warp_variants(dtype, op, device.warp_size, p.notes["vec"])
             v = next(w for w in built if w.name == launch.kernel)
             assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
         if p.tier == "cluster":  # a cluster's blocks hold the row, and the grid is whole clusters
@@ -797,17 +796,11 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     assert spread >= 4, "the rules changed too few plans to be tested"
 
 
-def _warp_variant_of(plan_: Plan, device) -> V.WarpVariant:
-    """The register-tier variant a plan launches."""
+def _warp_variant_of(plan_: Plan, problem: RowProblem, device) -> V.WarpVariant:
+    """The register-tier variant a plan of `problem` launches."""
     (launch,) = plan_.launches
-    vec = plan_.notes["vec"]
-    for dtype in V.DTYPES:
-        for op in V.OPS:
-            for v in (V.warp_variants(dtype, op, device.warp_size, vec)
-                      + V.one_row_variants(dtype, op, device.warp_size, vec)):
-                if v.name == launch.kernel:
-                    return v
-    raise AssertionError(f"{launch.kernel} is no built register-tier variant")
+    built = V.built_warp_variants(problem.dtype, problem.op, device.warp_size, plan_.notes["vec"])
+    return next(v for v in built if v.name == launch.kernel)
 
 
 def _plans_with_and_without(monkeypatch, knob: str, problem: RowProblem, device) -> tuple[Plan, Plan]:
@@ -843,11 +836,11 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
         if before.tier != "warp":
             assert after == before, what
             continue
-        was = _warp_variant_of(before, device)
+        was = _warp_variant_of(before, problem, device)
         if was.lanes != warp or was.batch == 1 or rows > waves * resident:
             assert after == before, what
             continue
-        now = _warp_variant_of(after, device)
+        now = _warp_variant_of(after, problem, device)
         needed = before.notes["slots"]
         most = planner.ONE_ROW_A_WARP_MOST_SLOTS * ceil(needed / warp)
         if now == was:  # no variant within the limits
@@ -884,14 +877,14 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
         if before.tier != "warp":
             assert after == before, what
             continue
-        was = _warp_variant_of(before, device)
+        was = _warp_variant_of(before, problem, device)
         warps = ceil(rows * was.lanes / warp)
         small = rows * cols * V.DTYPES[dtype][2] < planner.SMALL_INPUT_UNSTAGED_BYTES
         if (was.batch == 1 or not small or warps > waves * resident or dtype not in V.ONE_ROW_GROUP_DTYPES
                 or (was.slots, was.vec) != (1, V.vector_widths(dtype)[1])):
             assert after == before, what
             continue
-        now = _warp_variant_of(after, device)
+        now = _warp_variant_of(after, problem, device)
         assert now.one_row and now.batch == 1, what
         assert (now.dtype, now.op, now.lanes, now.slots, now.vec) == (was.dtype, was.op, was.lanes, was.slots, was.vec)
         assert after.launches[0].grid * after.launches[0].block >= before.launches[0].grid * before.launches[0].block

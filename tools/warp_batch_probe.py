@@ -39,9 +39,7 @@ def probe(spec: str, op: str, rt, device: int, profile, timer: _Timer, every_vec
     vecs = V.vector_widths(dtype) if every_vec else (register_vec(problem, profile.warp_size),)
     row_args = (("ptr", "x"), ("ptr", "y"), (I64, rows), (I64, cols), (I64, cols), (I64, cols), (I32, 0))
     stream = torch.cuda.current_stream().cuda_stream
-    variants = [v for vec in vecs for v in V.warp_variants(dtype, op, profile.warp_size, vec)
-                + V.one_row_variants(dtype, op, profile.warp_size, vec)]
-    for variant in variants:
+    for variant in (v for vec in vecs for v in V.built_warp_variants(dtype, op, profile.warp_size, vec)):
         vec = variant.vec
         if variant.lanes * variant.slots * vec < cols or variant.lanes == 1:
             continue
