@@ -19,7 +19,7 @@ OPS = ("softmax", "log_softmax")
 
 #: the planner's small-input rules as committed (tests of the tiers larger inputs take turn them off)
 SMALL_INPUT_RULES = {name: getattr(planner, name)
-                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES",
+                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES", "SMALL_INPUT_GROUP_BYTES",
                                   "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_ONE_ROW_GROUP_WAVES")}
 
 

@@ -206,9 +206,7 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
     assert ways(320, 16) == 2
     assert ways(383, 8) == 4 and ways(383, 16) == 2  # 191.5 words: 0, 192, 383, 575 -> 0, 0, 31, 31
     assert ways(300, 4) == 2 and ways(300, 4, misalign=1) == 2
-    # padded by a 16-byte slot: 256 columns 132 words apart, groups on banks 0, 4, ..., 28
-    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8
-    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4, 264) == 1
+    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8  # 128 words
     # float32, 100 words: groups on banks 0, 4, ..., 28, each on its own four
     assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
 
@@ -216,7 +214,7 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
 def test_bank_ways_of_groups_taking_interleaved_rows():
     """The groups of 32 lanes on rows STAGED_THREADS / 32 = 4 apart; counted by hand."""
     def ways(cols: int, lanes: int) -> int:
-        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
+        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, True)
 
     assert planner.STAGED_THREADS // 32 == 4
     # 255 columns: rows 4 apart are 510 words apart, 30 banks on: groups of 4 lanes on banks 0, 30,
@@ -232,7 +230,8 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     lanes a row (of 4, 8, 16) whose lanes get STAGED_GROUP_MIN_WORDS words each, whose tile of a row
     a group fits STAGED_GROUP_TILE_BYTES and whose warp reads no bank more than twice at once; other
     rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers, but for those of more than
-    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words, and padded ones."""
+    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words. Rows that a group of the
+    register tier fills (EXACT_GROUP_MIN_LANES) are not staged."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
         p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
@@ -258,16 +257,13 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in both
     assert plan(RowProblem("float16", "softmax", 1 << 20, 350), device).notes["interleave"]  # 2 ways in order, 1
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
-    # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
-    p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
-    assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 5)  # 32 slots
-    assert p.launches[0].shared_mem >= p.notes["tile_rows"] * (256 + 8) * 2
-    # row_shift, interleave, safe
-    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0), ("i32", 0)]
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
+    p = plan(RowProblem("float16", "softmax", 1 << 20, 300), device)
+    assert p.launches[0].shared_mem >= p.notes["tile_rows"] * 300 * 2
+    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 0), ("i32", 0)]  # interleave, safe
+    # rows of 16 or 32 whole 16-byte slots: the register tier's groups (EXACT_GROUP_MIN_LANES)
+    assert {chosen(dtype, c)[0] for dtype, c in (("float16", 128), ("float16", 256), ("float32", 64))} == {"warp"}
     misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
-    assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
+    assert misaligned.tier != "staged_group"  # every group of a warp on the same banks
     # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread where that is STAGED_GROUP_MIN_TILE_BYTES or
     # more, else (and padded) STAGED_WARP_BYTES_PER_THREAD
     def tile_rows(cols: int) -> int:
@@ -276,13 +272,10 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert tile_rows(218) == 32  # 16 rows of 436 bytes for 64 a thread: 32, a row a group (14 KiB)
     assert tile_rows(140) == 64  # 32 rows (9 KiB) too small: 59 rows of 128 bytes a thread, two a group
     assert tile_rows(513) == 16  # 16 lanes: 8 rows (8 KiB) too small
-    assert tile_rows(128) == 64  # padded
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
-    # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
+    assert chosen("float16", 512) == ("staged_group", 16)  # 16 lanes: 2 ways
+    # rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
-    assert chosen("float32", 128)[0] == "warp"  # float32 rows are padded up to 256 bytes
-    p = plan(RowProblem("float32", "softmax", 1 << 20, 64), device)
-    assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 4)  # 16 slots
+    assert chosen("float32", 128)[0] == "warp"  # scalar slots (SCALAR_ROWS_MIN_COLS)
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
     assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
     assert chosen("float64", 50)[0] != "staged_group"
@@ -753,15 +746,17 @@ STAGED_TIERS = ("staged", "staged_group", "staged_warp")
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype):
-    """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES skip
-    the staged tiers; inputs whose grid would fall short of SMALL_INPUT_BLOCKS_PER_SM blocks a
+    """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES, and
+    up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
+    slot a lane, skip the staged tiers; inputs whose grid would fall short of SMALL_INPUT_BLOCKS_PER_SM blocks a
     multiprocessor take smaller tiles or blocks (never fewer blocks); the rest plan exactly as
     without the rules."""
     itemsize = V.DTYPES[dtype][2]
     wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
     limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
     spread = 0
-    for cols, nbytes in itertools.product(SMALL_INPUT_COLS, (64 << 10, 1 << 20, limit - (1 << 20), limit, 64 << 20)):
+    sizes = (64 << 10, 1 << 20, limit - (1 << 20), limit, 12 << 20, 64 << 20)
+    for cols, nbytes in itertools.product(SMALL_INPUT_COLS, sizes):
         rows = max(1, nbytes // (cols * itemsize))
         problem = RowProblem(dtype, "softmax", rows, cols)
         set_small_input_rules(monkeypatch, False)
@@ -769,7 +764,9 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         set_small_input_rules(monkeypatch, True)
         after = plan(problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
-        unstaged = cols >= 16 and rows * cols * itemsize < limit
+        groups = 0 < planner.one_slot_lanes(problem, device.warp_size) < device.warp_size
+        unstaged = cols >= 16 and (rows * cols * itemsize < limit or (
+            groups and rows * cols * itemsize <= SMALL_INPUT_RULES["SMALL_INPUT_GROUP_BYTES"]))
         if unstaged:
             assert after.tier not in STAGED_TIERS, what
         elif before.launches[0].grid >= wanted:
@@ -863,7 +860,8 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
 def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
     """A small input's register-tier groups that take several rows a step take one instead (the
     same lanes, slots and vectors) where their warps then fit SMALL_INPUT_ONE_ROW_GROUP_WAVES waves
-    of resident warps; larger inputs and groups of one row a step plan as without the rule."""
+    of resident warps (up to SMALL_INPUT_GROUP_BYTES for lane groups of fewer lanes than a warp);
+    larger inputs and groups of one row a step plan as without the rule."""
     set_small_input_rules(monkeypatch, True)
     waves = planner.SMALL_INPUT_ONE_ROW_GROUP_WAVES
     warp, changed = device.warp_size, 0
@@ -879,7 +877,9 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
             continue
         was = _warp_variant_of(before, problem, device)
         warps = ceil(rows * was.lanes / warp)
-        small = rows * cols * V.DTYPES[dtype][2] < planner.SMALL_INPUT_UNSTAGED_BYTES
+        nbytes = rows * cols * V.DTYPES[dtype][2]
+        small = nbytes < planner.SMALL_INPUT_UNSTAGED_BYTES or (
+            nbytes <= planner.SMALL_INPUT_GROUP_BYTES and was.lanes < warp and cols % was.vec == 0)
         if (was.batch == 1 or not small or warps > waves * resident or dtype not in V.ONE_ROW_GROUP_DTYPES
                 or (was.slots, was.vec) != (1, V.vector_widths(dtype)[1])):
             assert after == before, what
@@ -890,3 +890,67 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
         assert after.launches[0].grid * after.launches[0].block >= before.launches[0].grid * before.launches[0].block
         changed += 1
     assert changed >= 8, "the rule changed too few plans to be tested"
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_rows_a_group_fills_take_one_row_a_step_at_every_size(monkeypatch, device):
+    """Rows of whole 16-byte vectors that fill a lane group of EXACT_GROUP_MIN_LANES or more lanes, a
+    slot each, take that group's one-row kernel at every size (without the rule, their larger inputs
+    plan otherwise); rows that fill fewer lanes, or part of a group, or start off a vector, or take
+    scalar slots, do not."""
+    warp = device.warp_size
+    changed = 0
+    for dtype in ("float32", "float16", "bfloat16"):
+        vec = V.vector_widths(dtype)[1]
+        itemsize = V.DTYPES[dtype][2]
+        for lanes, nbytes in itertools.product((4, 8, 16, 32, 64), (1 << 20, 12 << 20, 64 << 20, 256 << 20)):
+            if lanes > warp:
+                continue
+            cols = lanes * vec
+            problem = RowProblem(dtype, "log_softmax", nbytes // (cols * itemsize), cols)
+            the_plan = plan(problem, device)
+            scalar = planner.scalar_rows(problem, warp)
+            if lanes >= planner.EXACT_GROUP_MIN_LANES and not scalar:
+                variant = _warp_variant_of(the_plan, problem, device)
+                assert (variant.lanes, variant.slots, variant.vec, variant.one_row) == (lanes, 1, vec, True), (
+                    dtype, cols, nbytes)
+                before, _ = _plans_with_and_without(monkeypatch, "EXACT_GROUP_MIN_LANES", problem, device)
+                monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
+                plan.cache_clear()
+                changed += plan(problem, device) != the_plan
+                monkeypatch.undo()
+                plan.cache_clear()
+            elif nbytes > planner.SMALL_INPUT_GROUP_BYTES and the_plan.tier == "warp":
+                # past the small-input sizes, fewer lanes or scalar slots keep several rows a step
+                assert _warp_variant_of(the_plan, problem, device).batch > 1 or scalar, (dtype, cols, nbytes)
+            # a part of a group, or rows starting off a vector: not this rule's
+            for other in (RowProblem(dtype, "softmax", problem.rows, cols - vec),
+                          RowProblem(dtype, "softmax", problem.rows, cols, x_misalign=1, y_misalign=1)):
+                if other.rows * other.cols * itemsize > planner.SMALL_INPUT_GROUP_BYTES:
+                    assert not planner.exact_group(other, warp), (dtype, other)
+    assert changed >= 8, "the rule changed too few plans to be tested"
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, device):
+    """Inputs of SMALL_INPUT_UNSTAGED_BYTES up to SMALL_INPUT_GROUP_BYTES whose rows a lane group of
+    fewer lanes than a warp holds in one 16-byte slot a lane take the register tier; past that size,
+    and rows of a whole warp's group, keep the staged tiers where copies are asynchronous."""
+    set_small_input_rules(monkeypatch, True)
+    warp = device.warp_size
+    limit = planner.SMALL_INPUT_GROUP_BYTES
+    staged_kept = 0
+    for dtype, cols in (("float32", 16), ("float32", 32), ("float32", 48), ("float16", 96), ("float32", 100),
+                        ("float16", 200)):
+        itemsize = V.DTYPES[dtype][2]
+        lanes = planner.one_slot_lanes(RowProblem(dtype, "softmax", 2, cols), warp)
+        for nbytes in (planner.SMALL_INPUT_UNSTAGED_BYTES + (1 << 20), 12 << 20, limit, limit + (1 << 20)):
+            problem = RowProblem(dtype, "softmax", nbytes // (cols * itemsize), cols)
+            the_plan = plan(problem, device)
+            if nbytes <= limit and 0 < lanes < warp:
+                assert the_plan.tier == "warp", (dtype, cols, nbytes, the_plan.tier)
+                assert _warp_variant_of(the_plan, problem, device).lanes == lanes
+            elif planner.has_async_copy(device) and not planner.exact_group(problem, warp):
+                assert the_plan.tier in STAGED_TIERS, (dtype, cols, nbytes, the_plan.tier)
+                staged_kept += 1
+    assert staged_kept >= 4 or not planner.has_async_copy(device)
