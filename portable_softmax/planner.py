@@ -344,10 +344,11 @@ def _one_span(p: RowProblem, vec: int) -> bool:
     return p.rows >= 2 and p.strides() == (p.cols, p.cols) and (p.x_misalign - p.y_misalign) % vec == 0
 
 
-def _rows_fitting(p: RowProblem, device: DeviceProfile, vec: int) -> int:
-    """Rows of a staged tile within one block's default shared memory (and the span's partial vectors)."""
+def _rows_fitting(p: RowProblem, device: DeviceProfile, vec: int, stride: int | None = None) -> int:
+    """Rows of a staged tile, `stride` elements apart (the row length unless padded), within one
+    block's default shared memory (and the span's partial vectors)."""
     itemsize = V.DTYPES[p.dtype][2]
-    return (device.shared_mem_per_block - 2 * vec * itemsize) // (p.cols * itemsize)
+    return (device.shared_mem_per_block - 2 * vec * itemsize) // ((stride or p.cols) * itemsize)
 
 
 #: small inputs: the staged tiers' tiles, and the packed and register tiers' blocks, shrink until
@@ -458,26 +459,37 @@ def _unstaged(p: RowProblem) -> bool:
 #: rows that a lane group of the register tier holds in one 16-byte slot a lane, filling each of
 #: EXACT_GROUP_MIN_LANES or more lanes (at warp 32: float32 rows of 64 columns, 16-bit rows of 128
 #: and 256; float32 rows that take scalar slots, scalar_rows, keep them), take that group's kernel
-#: of one row a step (V.one_row_variants) at every size, ahead of the staged tiers. Measured on
-#: H100s (% of the copy, softmax / log_softmax, three hosts, against the staged groups with a slot
-#: of padding a row): float32 64 columns at 8 MiB 82-87 / 85-90 -> 95-96 / 96-97, 12 MiB 89-90 / 92
-#: -> 97 / 97-98, 64 MiB 97-98 -> 98-99, 512 MiB 99 -> 100-101 (torch 101); at 0.5-2 MiB (against a
-#: whole warp a row of scalar slots) softmax level, log_softmax level to 2 slower; float16 128
-#: columns at 8-16 MiB 79-86 / 81-89 -> 95-97 / 96-98, 64-256 MiB 97-98 -> 99-100; float16 256
-#: columns at 8-16 MiB 82-90 / 83-93 -> 95-97 / 97-98, 64-256 MiB 98-99 -> 99-100; bfloat16 the same.
-#: Groups of 4-8 lanes (float32 16 and 32 columns) measured level to 2 slower from 16 MiB on, so they
-#: take the staged tiers there (SMALL_INPUT_GROUP_BYTES).
+#: of one row a step (V.one_row_variants), ahead of the staged tiers: float32 rows at every size,
+#: 16-bit rows up to EXACT_GROUP_MAX_BYTES (past it, the padded staged groups:
+#: STAGED_GROUP_PADDED_MAX_ROW_BYTES). Measured (% of the copy, softmax / log_softmax, against the
+#: staged groups with a slot of padding a row) on H100s (tools/ab_bench.py, same process, four
+#: machine sessions): float32 64 columns at 8 MiB 82-87 / 85-90 -> 94-96 / 96-97, 16 MiB 93-94 /
+#: 96 -> 97-98 / 98, 64 MiB 97-100 -> 98-100, 512 MiB 99-100 -> 101 (torch 101); at 0.5-2 MiB
+#: (against a whole warp a row of scalar slots) softmax level, log_softmax level to 2 slower;
+#: float16 128 columns at 16 MiB 85-86 / 88-89 -> 97 / 98, 64-256 MiB 97-99 -> 99-100; float16 256
+#: columns at 16 MiB 87-91 / 92-93 -> 97-98 / 98, 64-256 MiB 98-99 -> 99-100; bfloat16 the same.
+#: On an H200 (the bench command, both builds in one machine session): float32 64 columns at 16 MiB
+#: 83 / 88 -> 96 / 97, 64-512 MiB level (2097152x64 97 / 97 -> 95 / 97, torch 87 / 91); 16-bit 128
+#: columns at 16 MiB 76-78 / 78-80 -> 91 / 91-93, 32 MiB 83-84 -> 88-90, 64 MiB 88-92 -> 86-89,
+#: 128-256 MiB 90-95 -> 84-86; 16-bit 256 columns at 16 MiB 80-83 / 84-85 -> 90-92 / 92, 64-256 MiB
+#: 91-96 -> 83-87. Groups of 4-8 lanes (float32 16 and 32 columns) measured level to 2 slower from
+#: 16 MiB on (H100), so they take the staged tiers past SMALL_INPUT_GROUP_BYTES.
 EXACT_GROUP_MIN_LANES = 16
+#: bytes an element -> the largest input that EXACT_GROUP_MIN_LANES's rule takes (none: any)
+EXACT_GROUP_MAX_BYTES = {2: 32 << 20}
 #: inputs of up to this many bytes whose rows a lane group of fewer lanes than a warp holds in one
 #: 16-byte slot a lane (V.one_row_variants' groups) skip the staged tiers too, as inputs under
-#: SMALL_INPUT_UNSTAGED_BYTES do: the staged tiers' few blocks a multiprocessor at 8-16 MiB each
-#: load, reduce and store a tile in turn. Measured on an H100 (% of the copy, softmax / log_softmax,
-#: against the staged tiers): float32 16 columns at 8 MiB 81 / 84 -> 96 / 97, 12 MiB 87 / 90 -> 97
-#: / 98, 16 MiB 93 / 97 -> 98; float32 32 columns at 8 MiB 83 / 86 -> 96 / 97, 12 MiB 91 / 94 ->
-#: 97 / 98, 16 MiB level; float32 48 columns at 12 MiB 79 / 82 -> 95 / 97; float16 96 columns at 12
-#: MiB 73 / 75 -> 91, 16 MiB 88 / 90 -> 97. Rows a whole warp takes (float32 100, float16 200
-#: columns) lost 9-18 on the register tier at 12-16 MiB and keep the staged groups.
-SMALL_INPUT_GROUP_BYTES = 16 << 20
+#: SMALL_INPUT_UNSTAGED_BYTES do: the staged tiers' few blocks a multiprocessor at 8-12 MiB each
+#: load, reduce and store a tile in turn. Measured on H100s (% of the copy, softmax / log_softmax,
+#: against the staged tiers, same process): at 8-8.5 MiB float32 rows of 16-60 columns +7 to +20
+#: (16 columns 79-81 / 82-84 -> 96 / 97, 44: 98 / 101 -> 115 / 117), 16-bit rows of 48-120 columns
+#: +13 to +19 (float16 120 columns 97 / 101 -> 116 / 117); at 12 MiB float32 16-60 columns level to
+#: +16 (20 columns 95 / 98 -> 112 / 113, 52 columns 109-111 / 117 -> 114 / 115), 16-bit 48-120
+#: columns +6 to +17 but float16 80 columns 91-92 / 95 -> 91 / 90; at 16 MiB float32 rows of 24-36
+#: and 52-60 columns and 16-bit rows of 48-120 columns 1-11 slower (bfloat16 104 columns 103 / 109
+#: -> 96 / 97), so not there. Rows a whole warp takes (float32 100, float16 200 columns) lost 9-18
+#: on the register tier at 12-16 MiB and keep the staged groups.
+SMALL_INPUT_GROUP_BYTES = 12 << 20
 
 
 def one_slot_lanes(p: RowProblem, warp: int) -> int:
@@ -495,9 +507,12 @@ def one_slot_lanes(p: RowProblem, warp: int) -> int:
 
 
 def exact_group(p: RowProblem, warp: int) -> bool:
-    """Whether these rows fill a one-slot lane group of EXACT_GROUP_MIN_LANES or more (see there)."""
+    """Whether these rows fill a one-slot lane group of EXACT_GROUP_MIN_LANES or more, within
+    EXACT_GROUP_MAX_BYTES (see there)."""
     lanes = one_slot_lanes(p, warp)
-    return lanes >= EXACT_GROUP_MIN_LANES and p.cols == lanes * V.vector_widths(p.dtype)[1]
+    itemsize = V.DTYPES[p.dtype][2]
+    return (lanes >= EXACT_GROUP_MIN_LANES and p.cols == lanes * V.vector_widths(p.dtype)[1]
+            and p.rows * p.cols * itemsize <= EXACT_GROUP_MAX_BYTES.get(itemsize, 1 << 62))
 
 
 def _group_rows_unstaged(p: RowProblem, device: DeviceProfile) -> bool:
@@ -505,9 +520,10 @@ def _group_rows_unstaged(p: RowProblem, device: DeviceProfile) -> bool:
     SMALL_INPUT_GROUP_BYTES)."""
     if exact_group(p, device.warp_size):
         return True
+    if p.cols < SMALL_INPUT_UNSTAGED_MIN_COLS or p.rows * p.cols * V.DTYPES[p.dtype][2] > SMALL_INPUT_GROUP_BYTES:
+        return False
     lanes = one_slot_lanes(p, device.warp_size)
-    return (0 < lanes < device.warp_size and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS
-            and p.rows * p.cols * V.DTYPES[p.dtype][2] <= SMALL_INPUT_GROUP_BYTES)
+    return 0 < lanes < device.warp_size
 
 
 def _spread_blocks(device: DeviceProfile) -> int:
@@ -536,22 +552,23 @@ def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int,
 
 
 def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
-                 vec: int, lanes: int = 1, interleave: bool | None = None) -> Plan | None:
+                 vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False) -> Plan | None:
     """The launch of a staged tier taking tile_rows rows a step, `lanes` lanes a row (None where none
-    fit). `interleave` (the group kernels' argument, None for the others): the groups of 32 lanes on
-    rows in order, or interleaved."""
+    fit). `row_shift` and `interleave` (the group kernels' arguments): rows of 2**row_shift slots
+    padded by a slot in the tile, or -1; the groups of 32 lanes on rows in order, or interleaved."""
     if tile_rows == 0:
         return None
     threads, tile_rows = _spread_tile(p, device, threads, lanes, tile_rows)
-    shared = ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * V.DTYPES[p.dtype][2]
-    group_args = () if interleave is None else ((I32, int(interleave)),)
+    stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
+    shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
+    group_args = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
     launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), *group_args,
                      (I32, _safe(p))),
                     cut_to_one_wave=False)
     notes = {"vec": vec, "tile_rows": tile_rows, "lanes": lanes}
-    if interleave is not None:
-        notes.update(interleave=interleave)
+    if row_shift is not None:
+        notes.update(row_shift=row_shift, interleave=interleave)
     return Plan(tier, (launch,), notes=notes)
 
 
@@ -587,13 +604,19 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
                                          bytes_per_thread=STAGED_WARP_BYTES_PER_THREAD), vec, device.warp_size)
 
 
-def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int, *,
-                     bytes_per_thread: int) -> int:
+def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
+    """Elements from a staged row's start to the next row's in the tile: the row length, and a slot
+    more where the tile is padded (row_shift >= 0)."""
+    return p.cols + vec if row_shift >= 0 else p.cols
+
+
+def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: int, lanes: int,
+                     stride: int | None = None, *, bytes_per_thread: int) -> int:
     """Rows of a step of a staged tier whose rows a group of `lanes` lanes takes: about
     `bytes_per_thread` a thread, a whole number a group (0 where a row a group does not fit)."""
     groups = threads // lanes
     wanted = ceil(max(1, round(threads * bytes_per_thread / (p.cols * V.DTYPES[p.dtype][2]))) / groups)
-    return min(p.rows, wanted * groups, _rows_fitting(p, device, vec) // groups * groups)
+    return min(p.rows, wanted * groups, _rows_fitting(p, device, vec, stride) // groups * groups)
 
 
 #: where copies are asynchronous: contiguous rows of up to STAGED_GROUP_MAX_ROW_BYTES that a group
@@ -602,16 +625,17 @@ def _group_tile_rows(p: RowProblem, device: DeviceProfile, vec: int, threads: in
 #: where its lanes take at least STAGED_GROUP_MIN_WORDS words of a row each, a row a group fits
 #: STAGED_GROUP_TILE_BYTES, and the warp's groups, whose rows lie any number of banks apart, read no
 #: bank more than STAGED_GROUP_MAX_WAYS at once (staged_bank_ways). Rows of up to
-#: STAGED_SHORT_ROW_BYTES stay a thread a row (but for those of STAGED_GROUP_SHORT_MIN_ROW_BYTES,
-#: below). Measured on an H200 (% of the copy, against a thread or a warp a row): 16-bit 140 columns
-#: (4 lanes) 88-94 -> 99-100, 160 (8) 82-89 -> 90-92, 176-240 columns (4) 71-94 -> 95-98, 288 (8) 68
-#: -> 98-99, 300 (4) 69 -> 99, 320 (16, 10 words a lane) 74 -> 89-93, 383 (16) 75 -> 83-85, 400-500
-#: (8) 67-84 -> 92-99, 513-1001 columns (8 or 16) 85-93 -> 96-99, 1500 (16) 94-96 -> 98. Rows of up
-#: to 256 bytes measured 91-100 a thread a row and, with 4 lanes, from 8 points slower (92 columns,
-#: 84-88) to 6 faster (120 columns). Where four groups read one bank (8 lanes: 383, 513, 700 and 900
-#: columns) 71-76; 16 lanes at 8 words a lane 73 against 79 a thread a row (255 columns); rows of 32
-#: KiB a tile (8 lanes, 1001 columns: 98; 16 lanes, 2048 columns: 94 against 96) or more slower. On
-#: an H100 every row measured level or faster (16-bit 176-450 columns 89-97 -> 100-101).
+#: STAGED_SHORT_ROW_BYTES stay a thread a row (but for padded ones and those of
+#: STAGED_GROUP_SHORT_MIN_ROW_BYTES, below). Measured on an H200 (% of the copy, against a thread
+#: or a warp a row): 16-bit 140 columns (4 lanes) 88-94 -> 99-100, 160
+#: (8) 82-89 -> 90-92, 176-240 columns (4) 71-94 -> 95-98, 288 (8) 68 -> 98-99, 300 (4) 69 -> 99,
+#: 320 (16, 10 words a lane) 74 -> 89-93, 383 (16) 75 -> 83-85, 400-500 (8) 67-84 -> 92-99, 513-1001
+#: columns (8 or 16) 85-93 -> 96-99, 1500 (16) 94-96 -> 98. Rows of up to 256 bytes measured 91-100
+#: a thread a row and, with 4 lanes, from 8 points slower (92 columns, 84-88) to 6 faster (120
+#: columns). Where four groups read one bank (8 lanes: 383, 513, 700 and 900 columns) 71-76; 16
+#: lanes at 8 words a lane 73 against 79 a thread a row (255 columns); rows of 32 KiB a tile (8
+#: lanes, 1001 columns: 98; 16 lanes, 2048 columns: 94 against 96) or more slower. On an H100 every
+#: row measured level or faster (16-bit 176-450 columns 89-97 -> 100-101).
 STAGED_GROUPS = True
 #: bytes an element -> the longest row (bytes) groups take. float32, against the register and
 #: staged tiers (% of the copy): H200 67-150 columns 90-98 -> 99-100 (100 columns softmax 90 ->
@@ -634,6 +658,18 @@ STAGED_GROUP_MAX_WAYS = 2
 #: -> 97-99, float32 77 columns 90-97 -> 103-108 / 88-91 -> 98-100; 16-bit 134-684 and float32
 #: 67-147 columns otherwise level (within 2); H100 level everywhere.
 STAGED_GROUP_ORDERS = (False, True)
+#: rows of a power-of-two number of 16-byte slots (whole 128-byte lines from 128 bytes, where the
+#: groups of a warp start on the same banks), of these element sizes and longer than
+#: STAGED_GROUP_PADDED_MIN_ROW_BYTES, the span aligned, that no group takes as they lie, take a slot
+#: of padding after each row in the tile. Measured on an H200 (% of the copy, against the tiers
+#: before): 16-bit 128 columns (4 lanes) 85-92 -> 92-94, 256 columns (4) 78-83 -> 95-96; where an
+#: unpadded group qualifies (16 lanes at 512 and 1024 columns) padded groups were 1-2 points
+#: slower, and float32 128 columns (the register tier's lanes each a whole vector) 99-100 -> 96-97.
+#: float32 rows of 64 columns (256 bytes) gained too (H200 85-88 -> 93-95 at 64 MiB), but now take
+#: the register tier's groups (EXACT_GROUP_MIN_LANES), as 16-bit rows of 128 and 256 columns do up to
+#: EXACT_GROUP_MAX_BYTES. Bytes an element -> the longest row padded.
+STAGED_GROUP_PADDED_MAX_ROW_BYTES = {2: STAGED_GROUP_MAX_ROW_BYTES[2]}
+STAGED_GROUP_PADDED_MIN_ROW_BYTES = 128
 #: rows of more than this many bytes (up to STAGED_SHORT_ROW_BYTES) that are an even number of
 #: 4-byte words take the groups too where one qualifies. A thread a row starts each of its rows at
 #: a different word (for_each_word_from) for such rows, and measured slower there than 4 lanes a
@@ -645,28 +681,36 @@ STAGED_GROUP_ORDERS = (False, True)
 #: columns of an odd number of words, up to 12 points slower (16-bit 98 columns log_softmax 103 ->
 #: 92); 16-bit 80-88 columns level to 3 slower.
 STAGED_GROUP_SHORT_MIN_ROW_BYTES = 192
-#: bytes of the span a thread of the staged groups moves per step. Measured (same process, two runs,
-#: % of the copy, 64 MiB / 256 MiB, 2026-11-25), 128 -> 64: H200 16-bit 218-251 columns 79-92 ->
-#: 90-101 / 87-97 -> 90-101, 420-493 columns 89-96 -> 100-104 / 96-98 -> 99-101, float32 110-125
-#: columns 87-94 -> 99-105 / 95-97 -> 99-101 (torch 94-102), other rows of 100-1200 columns level to
-#: +3 but for 16-bit rows of 130-150 columns at 256 MiB, 96-101 -> 91-99 (float16 130 columns 97-98
-#: -> 91-93); H100 level or faster (float32 110-125 columns 99-101 -> 104-107 at 64 MiB) but for
-#: float32 67-77 columns at 64 MiB, 104-108 -> 102-105. Smaller tiles, more of them, shorten each
-#: step's run of loads, compute and stores that the blocks of few waves take in step. Tiles under
-#: STAGED_GROUP_MIN_TILE_BYTES keep theirs too: the losses above had tiles of 8-10 KiB (16-bit
-#: 130-150 columns, 32 rows), and so had 16-bit rows of 513 columns (8 rows of 16 lanes; H200 at 256
-#: MiB 96-100 -> 90-94 in the default command); the gains had 13-22 KiB (16-bit rows of 100-124
+#: bytes of the span a thread of the staged groups moves per step (padded rows: as the warp-a-row
+#: tier, STAGED_WARP_BYTES_PER_THREAD). Measured (same process, two runs, % of the copy, 64 MiB /
+#: 256 MiB, 2026-11-25), 128 -> 64: H200 16-bit 218-251 columns 79-92 -> 90-101 / 87-97 -> 90-101,
+#: 420-493 columns 89-96 -> 100-104 / 96-98 -> 99-101, float32 110-125 columns 87-94 -> 99-105 /
+#: 95-97 -> 99-101 (torch 94-102), other rows of 100-1200 columns level to +3 but for 16-bit rows of
+#: 130-150 columns at 256 MiB, 96-101 -> 91-99 (float16 130 columns 97-98 -> 91-93); H100
+#: level or faster (float32 110-125 columns 99-101 -> 104-107 at 64 MiB) but for float32 67-77
+#: columns at 64 MiB, 104-108 -> 102-105. Smaller tiles, more of them, shorten each step's run of
+#: loads, compute and stores that the blocks of few waves take in step. Padded 16-bit rows of 128
+#: columns measured 94-96 -> 90-92 at 256 MiB, so keep theirs. Tiles under
+#: STAGED_GROUP_MIN_TILE_BYTES keep theirs too: the losses above had tiles of 8-10 KiB (16-bit 130-150
+#: columns, 32 rows), and so had 16-bit rows of 513 columns (8 rows of 16 lanes; H200 at 256 MiB
+#: 96-100 -> 90-94 in the default command); the gains had 13-22 KiB (16-bit rows of 100-124
 #: columns: 64 rows of 13-16 KiB instead of 96, +2 to +5 at 64 MiB, level at 256 MiB).
 STAGED_GROUP_BYTES_PER_THREAD = 64
+#: bytes of the span a thread of the padded staged groups moves per step (see above). Measured on
+#: an H200 (same process, two runs, % of the copy, 2026-11-25), 128 -> 64 / 192: 16-bit 128 columns
+#: at 64 MiB 86-87 -> 87-89 / 84-85, at 128-256 MiB 91-94 -> 89-91 / 89-94; 256 columns 91-95 ->
+#: 91-96 / 82-86 at 64 MiB (tiles of 32 rows either way), 95-96 -> 95-96 / 92-93 at 256 MiB.
+#: Blocks of 64 threads (tiles of half the rows) level.
+STAGED_GROUP_PADDED_BYTES_PER_THREAD = STAGED_WARP_BYTES_PER_THREAD
 STAGED_GROUP_MIN_TILE_BYTES = 12 * 1024
 #: 4-byte banks of shared memory (NVIDIA; AMD's LDS too)
 SHARED_BANKS = 32
 
 
-def staged_bank_ways(p: RowProblem, lanes: int, interleave: bool = False) -> int:
+def staged_bank_ways(p: RowProblem, lanes: int, stride: int | None = None, interleave: bool = False) -> int:
     """How many lanes of 32 consecutive ones read one bank at once (the worst, over a tile's first
-    two steps) where groups of `lanes` lanes take staged rows, each the word `lanes` words after the
-    last: the groups of 32 lanes take
+    two steps) where groups of `lanes` lanes take staged rows `stride` elements apart (the row
+    length unless padded), each the word `lanes` words after the last: the groups of 32 lanes take
     consecutive rows, or (interleave) rows STAGED_THREADS / 32 apart, and start at their rows' first
     whole words (staged_row_in_words)."""
     itemsize = V.DTYPES[p.dtype][2]
@@ -678,7 +722,7 @@ def staged_bank_ways(p: RowProblem, lanes: int, interleave: bool = False) -> int
             reads = [0] * SHARED_BANKS
             for g in range(per_window):
                 row = step * per_window * windows + (g * windows + w if interleave else w * per_window + g)
-                word = -(-(p.x_misalign + row * p.cols) * itemsize // 4)  # the first whole word
+                word = -(-(p.x_misalign + row * (stride or p.cols)) * itemsize // 4)  # the first whole word
                 for lane in range(lanes):
                     reads[(word + lane) % SHARED_BANKS] += 1
             worst = max(worst, max(reads))
@@ -693,33 +737,42 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
     if (not STAGED_GROUPS or not has_async_copy(device) or row_bytes > STAGED_GROUP_MAX_ROW_BYTES.get(itemsize, 0)
             or not _one_span(p, vec)):
         return None
-    even_words = row_bytes > STAGED_GROUP_SHORT_MIN_ROW_BYTES and row_bytes % 8 == 0
-    if row_bytes <= STAGED_SHORT_ROW_BYTES and not even_words:
-        return None
-    return _plan_groups_at(p, device, vec)
+    the_plan = None
+    if row_bytes > STAGED_SHORT_ROW_BYTES or (row_bytes > STAGED_GROUP_SHORT_MIN_ROW_BYTES and row_bytes % 8 == 0):
+        the_plan = _plan_groups_at(p, device, vec, -1)
+    row_slots = row_bytes // 16
+    padded_max = STAGED_GROUP_PADDED_MAX_ROW_BYTES.get(itemsize, 0)
+    if (the_plan is None and STAGED_GROUP_PADDED_MIN_ROW_BYTES < row_bytes <= padded_max
+            and p.x_misalign == 0 and row_bytes % 16 == 0 and row_slots & (row_slots - 1) == 0):
+        the_plan = _plan_groups_at(p, device, vec, row_slots.bit_length() - 1)
+    return the_plan
 
 
-def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int) -> Plan | None:
-    """The staged group plan with the fewest lanes that qualify, or None."""
+def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: int) -> Plan | None:
+    """The staged group plan with the fewest lanes that qualify, for rows padded by a slot in the
+    tile where row_shift >= 0, or None."""
     itemsize = V.DTYPES[p.dtype][2]
+    stride = _tile_stride(p, vec, row_shift)
     threads = max(device.warp_size, STAGED_THREADS)
     for lanes in V.STAGED_GROUP_LANES:
         if (lanes >= device.warp_size or p.cols * itemsize < 4 * lanes * STAGED_GROUP_MIN_WORDS
-                or threads // lanes * p.cols * itemsize > STAGED_GROUP_TILE_BYTES):
+                or threads // lanes * stride * itemsize > STAGED_GROUP_TILE_BYTES):
             continue
-        ways = {i: staged_bank_ways(p, lanes, i) for i in STAGED_GROUP_ORDERS}
+        ways = {i: staged_bank_ways(p, lanes, stride, i) for i in STAGED_GROUP_ORDERS}
         interleave = min(ways, key=ways.get)  # the first of the orders sharing the fewest banks
         if ways[interleave] > STAGED_GROUP_MAX_WAYS:
             interleave = None
-        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, bytes_per_thread=STAGED_WARP_BYTES_PER_THREAD)
-        # the smaller tile where it still holds STAGED_GROUP_MIN_TILE_BYTES
-        smaller = _group_tile_rows(p, device, vec, threads, lanes, bytes_per_thread=STAGED_GROUP_BYTES_PER_THREAD)
-        if smaller * p.cols * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
-            tile_rows = smaller
+        tile_rows = _group_tile_rows(p, device, vec, threads, lanes, stride, bytes_per_thread=(
+            STAGED_GROUP_PADDED_BYTES_PER_THREAD if row_shift >= 0 else STAGED_WARP_BYTES_PER_THREAD))
+        if row_shift < 0:  # unpadded: the smaller tile where it still holds STAGED_GROUP_MIN_TILE_BYTES
+            smaller = _group_tile_rows(p, device, vec, threads, lanes, stride,
+                                       bytes_per_thread=STAGED_GROUP_BYTES_PER_THREAD)
+            if smaller * stride * itemsize >= STAGED_GROUP_MIN_TILE_BYTES:
+                tile_rows = smaller
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
         return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,
-                            tile_rows, vec, lanes, interleave)
+                            tile_rows, vec, lanes, row_shift, interleave)
     return None
 
 

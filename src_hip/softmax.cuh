@@ -1126,12 +1126,25 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
 // the span with vectors.
 template <typename T, int OP, int VEC, int LANES>
 PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache,
-                           int interleave = 0) {
+                           int row_shift = -1, int interleave = 0) {
   typedef typename compute_of<T>::type C;
+  // Groups sharing a warp (below) may take rows of 2^row_shift whole slots (row_shift >= 0, the span
+  // aligned) with a slot of padding after each row in the tile: rows a whole number of 128-byte
+  // lines long would otherwise start every group of a warp on the same banks.
+  const bool padded = kGroupsShareWarp<LANES> && row_shift >= 0;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
     const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
-    copy_slots_to_cache(span, 0, span.slots, cache);
+    if (padded) {
+      for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
+        copy_slot_to_cache(span, k, &cache[k + (k >> row_shift)]);
+      }
+#if PS_ASYNC_COPY
+      if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
+#endif
+    } else {
+      copy_slots_to_cache(span, 0, span.slots, cache);
+    }
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
     // A tile lies in one block's shared memory: 32-bit indices.
@@ -1143,6 +1156,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       // group past the tile's last row takes an empty one), so that a warp's groups reach their
       // shuffles together.
       const int groups = PS_BLOCK_DIM_X / LANES;
+      const int stride = padded ? n + VEC : n;  // elements from a row's start to the next row's
       // The row of a step this group takes: in order, or (interleave) with the groups of each
       // 32 lanes on rows blockDim / 32 apart, which for some row lengths puts them on fewer
       // common banks (the planner counts both: staged_bank_ways).
@@ -1152,7 +1166,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       for (int first_row = 0; first_row < count; first_row += groups) {
         const int r = first_row + mine;
         const bool live = r < count;
-        staged_row_in_words<OP, T, LANES>(tile + (live ? r : 0) * n, live ? n : 0, -1, safe != 0);
+        staged_row_in_words<OP, T, LANES>(tile + (live ? r : 0) * stride, live ? n : 0, -1, safe != 0);
       }
     } else {
       // r is the same in every lane of a group: the group's shuffles see all of its lanes.
@@ -1174,7 +1188,7 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
     }
     PS_SYNC();
     for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
-      span.store_raw(k, cache[k]);
+      span.store_raw(k, cache[padded ? k + (k >> row_shift) : k]);
     }
     PS_SYNC();  // the next span reuses the tile
   }
@@ -2135,14 +2149,16 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
 
-// The staged tier with a group of L lanes a row, fewer than a warp; interleave as staged_rows.
+// The staged tier with a group of L lanes a row, fewer than a warp; row_shift and interleave as
+// staged_rows.
 #define PS_STAGED_GROUP_ENTRY(DT, T, OPN, OP, L, V)                                                  \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks)) \
   ps_staged_lanes_##DT##_##OPN##_l##L##_v##V(                                                        \
-      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int interleave, int safe) {   \
+      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int row_shift, int interleave,  \
+      int safe) {                                                                                    \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
     ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache), \
-                                 interleave);                                                        \
+                                 row_shift, interleave);                                             \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 

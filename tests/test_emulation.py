@@ -717,9 +717,10 @@ STAGED_WARP_WHERE_ASYNC = {"float16": (288, 300, 777, 1001, 4000), "bfloat16": (
 @pytest.mark.parametrize("dtype", STAGED_WARP_WHERE_ASYNC)
 def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype):
     """The staged tier with a warp a row, at warp 32 and 64, as the sm_80+ planner sends rows to it
-    (where groups of lanes do not take them); 37 rows, so that the last tile is partial and the
-    special rows fall in the first one."""
+    (where groups of lanes, staged or the register tier's, do not take them); 37 rows, so that the
+    last tile is partial and the special rows fall in the first one."""
     monkeypatch.setattr(planner, "STAGED_GROUPS", False)
+    monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)  # bfloat16 512 columns at warp 64
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
@@ -731,9 +732,9 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} staged_warp")
 
 
-#: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB, rows of a power-of-two
-#: number of 16-byte slots (16-bit 256, 512 and 1024 columns, float32 64 and 128), and rows of
-#: 193-256 bytes that are an even number of words (16-bit 120 columns, float32 52 and 64)
+#: rows of odd and whole-word lengths whose tile of a row a group fits 48 KiB, and rows of a power-of-two
+#: number of 16-byte slots (a padded tile: 16-bit 256, 512 and 1024 columns, float32 64 and 128), and
+#: rows of 193-256 bytes that are an even number of words (16-bit 120 columns, float32 52 and 64)
 STAGED_GROUP_ROWS = {"float16": (120, 256, 288, 300, 512, 777, 1001), "bfloat16": (383, 512, 601, 1024),
                      "float32": (52, 64, 67, 100, 128, 150)}
 
@@ -761,11 +762,21 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
             if planner.STAGED_THREADS // lanes * (cols * V.DTYPES[dtype][2] + 16) > 48 * 1024 - 32:
                 continue  # a row a group does not fit a tile: other tiers take these rows
             x = _inputs(rng, (37, cols), dtype)
+            vec = V.vector_widths(dtype)[1]
+            row_slots = cols * V.DTYPES[dtype][2] // 16
+            power_of_two = cols % vec == 0 and row_slots & (row_slots - 1) == 0
             for op, safe in OP_CASES:
                 the_plan = plan(RowProblem(dtype, op, 37, cols, safe=safe), runtime.profile(0))
                 assert (the_plan.tier, the_plan.notes["interleave"]) == ("staged_group", interleave), (warp, cols)
                 got = run_host_array(runtime, x, 1, op, safe)
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} {lanes} lanes")
+                if power_of_two:  # the same rows in a tile padded by a slot a row
+                    problem = RowProblem(dtype, op, 37, cols, safe=safe)
+                    padded = planner._plan_groups_at(problem, runtime.profile(0), vec, row_slots.bit_length() - 1)
+                    assert padded.notes["row_shift"] >= 0 and (padded.notes["lanes"], padded.notes["interleave"]) == (
+                        lanes, interleave)
+                    got = runtime.run_plan(x, padded)
+                    assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} padded")
 
 
 def _every_tier_matches_the_reference(runtime, rng, dtype):

@@ -493,13 +493,18 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype, cols, tier", [("float32", 100, "staged_group"), ("float16", 120, "staged_group"),
-                                               ("float16", 300, "staged_group"), ("bfloat16", 1001, "staged_group"),
-                                               ("bfloat16", 98, "staged"), ("float32", 61, "staged")])
-def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, tier):
+@pytest.mark.parametrize("dtype, cols, tier, padded", [("float32", 100, "staged_group", False),
+                                                       ("float16", 120, "staged_group", False),
+                                                       ("float16", 256, "staged_group", True),
+                                                       ("bfloat16", 1001, "staged_group", False),
+                                                       ("bfloat16", 98, "staged", False),
+                                                       ("float32", 61, "staged", False)])
+def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, tier, padded):
     """Contiguous short rows staged through shared memory as inputs past the small-input rules plan
-    them (rules off, so that a few thousand rows do): a group of lanes a row, or a thread a row; a
-    partial last tile, with NaN, +inf and -inf rows."""
+    them (rules off, and rows a group of the register tier fills as past EXACT_GROUP_MAX_BYTES, so
+    that a few thousand rows do): a group of lanes a row, in tiles padded by a slot a row where rows
+    are a power-of-two number of 16-byte slots, or a thread a row; a partial last tile, with NaN,
+    +inf and -inf rows."""
     from checks import set_small_input_rules
 
     from portable_softmax import api, planner
@@ -509,6 +514,7 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
     if tier == "staged_group" and not planner.has_async_copy(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: no staged groups")
     set_small_input_rules(monkeypatch, False)
+    monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
     api._prepared.clear()
     host = random_input(rng, (3001, cols), "float32")
     host[0, cols // 2] = np.nan
@@ -517,7 +523,7 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
     x = torch.from_numpy(host).to("cuda", getattr(torch, dtype))
     try:
         the_plan = _plan_of(x)
-        assert the_plan.tier == tier, the_plan
+        assert the_plan.tier == tier and (the_plan.notes.get("row_shift", -1) >= 0) == padded, the_plan
         assert x.shape[0] % the_plan.notes["tile_rows"], the_plan  # a partial last tile
         _check_each_op(x, f"{dtype} x{cols} {tier}")
     finally:

@@ -206,7 +206,9 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
     assert ways(320, 16) == 2
     assert ways(383, 8) == 4 and ways(383, 16) == 2  # 191.5 words: 0, 192, 383, 575 -> 0, 0, 31, 31
     assert ways(300, 4) == 2 and ways(300, 4, misalign=1) == 2
-    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8  # 128 words
+    # padded by a 16-byte slot: 256 columns 132 words apart, groups on banks 0, 4, ..., 28
+    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8
+    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4, 264) == 1
     # float32, 100 words: groups on banks 0, 4, ..., 28, each on its own four
     assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
 
@@ -214,7 +216,7 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
 def test_bank_ways_of_groups_taking_interleaved_rows():
     """The groups of 32 lanes on rows STAGED_THREADS / 32 = 4 apart; counted by hand."""
     def ways(cols: int, lanes: int) -> int:
-        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, True)
+        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
 
     assert planner.STAGED_THREADS // 32 == 4
     # 255 columns: rows 4 apart are 510 words apart, 30 banks on: groups of 4 lanes on banks 0, 30,
@@ -230,8 +232,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     lanes a row (of 4, 8, 16) whose lanes get STAGED_GROUP_MIN_WORDS words each, whose tile of a row
     a group fits STAGED_GROUP_TILE_BYTES and whose warp reads no bank more than twice at once; other
     rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers, but for those of more than
-    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words. Rows that a group of the
-    register tier fills (EXACT_GROUP_MIN_LANES) are not staged."""
+    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words, and padded ones (16-bit
+    rows past EXACT_GROUP_MAX_BYTES: float32 rows of 64 columns, and smaller 16-bit inputs, take the
+    register tier's groups, EXACT_GROUP_MIN_LANES)."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
         p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
@@ -257,13 +260,19 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in both
     assert plan(RowProblem("float16", "softmax", 1 << 20, 350), device).notes["interleave"]  # 2 ways in order, 1
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
-    p = plan(RowProblem("float16", "softmax", 1 << 20, 300), device)
-    assert p.launches[0].shared_mem >= p.notes["tile_rows"] * 300 * 2
-    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 0), ("i32", 0)]  # interleave, safe
-    # rows of 16 or 32 whole 16-byte slots: the register tier's groups (EXACT_GROUP_MIN_LANES)
-    assert {chosen(dtype, c)[0] for dtype, c in (("float16", 128), ("float16", 256), ("float32", 64))} == {"warp"}
+    # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
+    p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
+    assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 5)  # 32 slots
+    assert p.launches[0].shared_mem >= p.notes["tile_rows"] * (256 + 8) * 2
+    # row_shift, interleave, safe
+    assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0), ("i32", 0)]
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
     misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
-    assert misaligned.tier != "staged_group"  # every group of a warp on the same banks
+    assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
+    # within EXACT_GROUP_MAX_BYTES, and float32 rows of 64 columns at any size: the register tier's groups
+    assert plan(RowProblem("float16", "softmax", 1 << 16, 256), device).tier == "warp"
+    assert chosen("float32", 64)[0] == "warp"
     # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread where that is STAGED_GROUP_MIN_TILE_BYTES or
     # more, else (and padded) STAGED_WARP_BYTES_PER_THREAD
     def tile_rows(cols: int) -> int:
@@ -272,8 +281,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert tile_rows(218) == 32  # 16 rows of 436 bytes for 64 a thread: 32, a row a group (14 KiB)
     assert tile_rows(140) == 64  # 32 rows (9 KiB) too small: 59 rows of 128 bytes a thread, two a group
     assert tile_rows(513) == 16  # 16 lanes: 8 rows (8 KiB) too small
-    assert chosen("float16", 512) == ("staged_group", 16)  # 16 lanes: 2 ways
-    # rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
+    assert tile_rows(128) == 64  # padded
+    assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
+    # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
     assert chosen("float32", 128)[0] == "warp"  # scalar slots (SCALAR_ROWS_MIN_COLS)
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
@@ -748,9 +758,9 @@ STAGED_TIERS = ("staged", "staged_group", "staged_warp")
 def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype):
     """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES, and
     up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
-    slot a lane, skip the staged tiers; inputs whose grid would fall short of SMALL_INPUT_BLOCKS_PER_SM blocks a
-    multiprocessor take smaller tiles or blocks (never fewer blocks); the rest plan exactly as
-    without the rules."""
+    slot a lane, skip the staged tiers; inputs whose grid would fall short of
+    SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor take smaller tiles or blocks (never fewer
+    blocks); the rest plan exactly as without the rules."""
     itemsize = V.DTYPES[dtype][2]
     wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
     limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
@@ -893,24 +903,25 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_rows_a_group_fills_take_one_row_a_step_at_every_size(monkeypatch, device):
+def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
     """Rows of whole 16-byte vectors that fill a lane group of EXACT_GROUP_MIN_LANES or more lanes, a
-    slot each, take that group's one-row kernel at every size (without the rule, their larger inputs
-    plan otherwise); rows that fill fewer lanes, or part of a group, or start off a vector, or take
-    scalar slots, do not."""
+    slot each, take that group's one-row kernel at every size within EXACT_GROUP_MAX_BYTES (without
+    the rule, their larger inputs plan otherwise); rows that fill fewer lanes, or part of a group, or
+    start off a vector, or take scalar slots, and larger inputs, do not."""
     warp = device.warp_size
     changed = 0
     for dtype in ("float32", "float16", "bfloat16"):
         vec = V.vector_widths(dtype)[1]
         itemsize = V.DTYPES[dtype][2]
-        for lanes, nbytes in itertools.product((4, 8, 16, 32, 64), (1 << 20, 12 << 20, 64 << 20, 256 << 20)):
+        for lanes, nbytes in itertools.product((4, 8, 16, 32, 64), (1 << 20, 12 << 20, 24 << 20, 64 << 20, 256 << 20)):
             if lanes > warp:
                 continue
             cols = lanes * vec
             problem = RowProblem(dtype, "log_softmax", nbytes // (cols * itemsize), cols)
             the_plan = plan(problem, device)
             scalar = planner.scalar_rows(problem, warp)
-            if lanes >= planner.EXACT_GROUP_MIN_LANES and not scalar:
+            within = nbytes <= planner.EXACT_GROUP_MAX_BYTES.get(itemsize, nbytes)
+            if lanes >= planner.EXACT_GROUP_MIN_LANES and not scalar and within:
                 variant = _warp_variant_of(the_plan, problem, device)
                 assert (variant.lanes, variant.slots, variant.vec, variant.one_row) == (lanes, 1, vec, True), (
                     dtype, cols, nbytes)
@@ -921,7 +932,8 @@ def test_rows_a_group_fills_take_one_row_a_step_at_every_size(monkeypatch, devic
                 monkeypatch.undo()
                 plan.cache_clear()
             elif nbytes > planner.SMALL_INPUT_GROUP_BYTES and the_plan.tier == "warp":
-                # past the small-input sizes, fewer lanes or scalar slots keep several rows a step
+                # past the small-input sizes, fewer lanes, scalar slots or inputs past the largest keep
+                # several rows a step
                 assert _warp_variant_of(the_plan, problem, device).batch > 1 or scalar, (dtype, cols, nbytes)
             # a part of a group, or rows starting off a vector: not this rule's
             for other in (RowProblem(dtype, "softmax", problem.rows, cols - vec),
