@@ -466,16 +466,18 @@ def _unstaged(p: RowProblem) -> bool:
 #: machine sessions): float32 64 columns at 8 MiB 82-87 / 85-90 -> 94-96 / 96-97, 16 MiB 93-94 /
 #: 96 -> 97-98 / 98, 64 MiB 97-100 -> 98-100, 512 MiB 99-100 -> 101 (torch 101); at 0.5-2 MiB
 #: (against a whole warp a row of scalar slots) softmax level, log_softmax level to 2 slower;
-#: float16 128 columns at 16 MiB 85-86 / 88-89 -> 97 / 98, 64-256 MiB 97-99 -> 99-100; float16 256
-#: columns at 16 MiB 87-91 / 92-93 -> 97-98 / 98, 64-256 MiB 98-99 -> 99-100; bfloat16 the same.
-#: On an H200 (the bench command, both builds in one machine session): float32 64 columns at 16 MiB
-#: 83 / 88 -> 96 / 97, 64-512 MiB level (2097152x64 97 / 97 -> 95 / 97, torch 87 / 91); 16-bit 128
-#: columns at 16 MiB 76-78 / 78-80 -> 91 / 91-93, 32 MiB 83-84 -> 88-90, 64 MiB 88-92 -> 86-89,
-#: 128-256 MiB 90-95 -> 84-86; 16-bit 256 columns at 16 MiB 80-83 / 84-85 -> 90-92 / 92, 64-256 MiB
-#: 91-96 -> 83-87. Groups of 4-8 lanes (float32 16 and 32 columns) measured level to 2 slower from
-#: 16 MiB on (H100), so they take the staged tiers past SMALL_INPUT_GROUP_BYTES.
+#: float16 128 columns at 16 MiB 85-86 / 88-89 -> 97 / 98; float16 256 columns at 16 MiB 87-91 /
+#: 92-93 -> 97-98 / 98; bfloat16 the same. On an H200 (the bench command, both builds in one
+#: machine session): float32 64 columns at 16 MiB 83 / 88 -> 96 / 97, 64-512 MiB level (2097152x64
+#: 97 / 97 -> 95 / 97, torch 87 / 91); 16-bit 128 columns at 16 MiB 76-78 / 78-80 -> 91 / 91-93, 32
+#: MiB 83-84 -> 88-90. Groups of 4-8 lanes (float32 16 and 32 columns) measured level to 2 slower
+#: from 16 MiB on (H100), so they take the staged tiers past SMALL_INPUT_GROUP_BYTES.
 EXACT_GROUP_MIN_LANES = 16
-#: bytes an element -> the largest input that EXACT_GROUP_MIN_LANES's rule takes (none: any)
+#: bytes an element -> the largest input that EXACT_GROUP_MIN_LANES's rule takes (none: any). 16-bit
+#: rows past 32 MiB: on the H200 the padded staged groups led the register tier's groups from 64 MiB
+#: on (16-bit 128 columns at 64 MiB 88-92 -> 86-89, 128-256 MiB 90-95 -> 84-86; 256 columns at
+#: 64-256 MiB 91-96 -> 83-87), where the H100 measured the groups 1-2 ahead (float16 1048576x128 98
+#: -> 100, 131072x256 98-99 -> 99-100).
 EXACT_GROUP_MAX_BYTES = {2: 32 << 20}
 #: inputs of up to this many bytes whose rows a lane group of fewer lanes than a warp holds in one
 #: 16-byte slot a lane (V.one_row_variants' groups) skip the staged tiers too, as inputs under
