@@ -483,14 +483,16 @@ EXACT_GROUP_MAX_BYTES = {2: 32 << 20}
 #: 16-byte slot a lane (V.one_row_variants' groups) skip the staged tiers too, as inputs under
 #: SMALL_INPUT_UNSTAGED_BYTES do: the staged tiers' few blocks a multiprocessor at 8-12 MiB each
 #: load, reduce and store a tile in turn. Measured on H100s (% of the copy, softmax / log_softmax,
-#: against the staged tiers, same process): at 8-8.5 MiB float32 rows of 16-60 columns +7 to +20
+#: against the staged tiers, same process): at 8-8.5 MiB float32 rows of 16-60 columns +7 to +22
 #: (16 columns 79-81 / 82-84 -> 96 / 97, 44: 98 / 101 -> 115 / 117), 16-bit rows of 48-120 columns
-#: +13 to +19 (float16 120 columns 97 / 101 -> 116 / 117); at 12 MiB float32 16-60 columns level to
+#: +13 to +27 (float16 96 columns 86 / 90 -> 113 / 114); at 12 MiB float32 16-60 columns level to
 #: +16 (20 columns 95 / 98 -> 112 / 113, 52 columns 109-111 / 117 -> 114 / 115), 16-bit 48-120
 #: columns +6 to +17 but float16 80 columns 91-92 / 95 -> 91 / 90; at 16 MiB float32 rows of 24-36
 #: and 52-60 columns and 16-bit rows of 48-120 columns 1-11 slower (bfloat16 104 columns 103 / 109
-#: -> 96 / 97), so not there. Rows a whole warp takes (float32 100, float16 200 columns) lost 9-18
-#: on the register tier at 12-16 MiB and keep the staged groups.
+#: -> 96 / 97), so not there. On an H200 at 8.5-12 MiB +12 to +25 (float32 139264x16 70-72 / 74-75
+#: -> 96 / 97, float16 46421x96 79-81 / 83-85 -> 101-103 / 102-104). Rows a whole warp takes
+#: (float32 100, float16 200 columns) lost 9-18 on the register tier at 12-16 MiB (H100) and keep the
+#: staged groups.
 SMALL_INPUT_GROUP_BYTES = 12 << 20
 
 
