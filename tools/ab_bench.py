@@ -5,7 +5,7 @@
 VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
 V.NAME for the variant catalogue's, L.NAME for the launch module's (L.COOPERATIVE_LAUNCHES:True
 launches the on-chip tiers cooperatively); an empty list keeps the committed settings), SPECS a
-','-separated list of dtype:RxC[:axis]. Prints one line per (spec, op): each variant's % of the
+','-separated list of dtype:RxC[:axis] (or empty, with --scan). Prints one line per (spec, op): each variant's % of the
 device-to-device copy, torch's, and the largest error against torch in float64
 (every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
 of back-to-back softmax calls of torch tensors (the prepared launcher's path) and their device
@@ -66,6 +66,15 @@ def use(settings: dict, defaults: dict) -> None:
     api._prepared.clear()  # launches prepared under the other settings
 
 
+def scan_specs(text: str) -> list[str]:
+    """Specs of every (dtype, columns, size) of DTYPES:COLS:MIBS (each ','-free lists joined by '+'),
+    rows as many as fill the size: 'float32+float16:16+64+128:8.5+12' is 12 specs."""
+    dtypes, cols, mibs = (part.split("+") for part in text.split(":"))
+    itemsize = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+    return [f"{dtype}:{max(1, int(float(mib) * (1 << 20)) // (int(c) * itemsize[dtype]))}x{c}"
+            for mib in mibs for dtype in dtypes for c in cols]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variants")
@@ -73,7 +82,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ops", default="softmax,log_softmax")
     ap.add_argument("--latency", action="store_true", help="host and device time per call of small inputs")
+    ap.add_argument("--scan", action="append", default=[], metavar="DTYPES:COLS:MIBS",
+                    help="more specs: each dtype and row length at each input size, e.g. float32+float16:16+64:8.5+12")
     args = ap.parse_args()
+    args.specs = ",".join(filter(None, [args.specs] + [",".join(scan_specs(t)) for t in args.scan]))
     variants = parse_variants(args.variants)
     defaults = {key: getattr(*owner_of(key)) for _, s in variants for key in s}
     if args.latency:
