@@ -440,11 +440,9 @@ def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
 def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant) -> V.WarpVariant:
     """`variant`, or its twin taking one row a step (SMALL_INPUT_ONE_ROW_GROUP_WAVES)."""
     warp = device.warp_size
-    if variant.batch == 1:
-        return variant
-    if not exact_group(p, warp) and (
-            not (_unstaged(p) or _group_rows_unstaged(p, device))
-            or ceil(p.rows * variant.lanes / warp) > SMALL_INPUT_ONE_ROW_GROUP_WAVES * _resident_warps(device)):
+    within_waves = ceil(p.rows * variant.lanes / warp) <= SMALL_INPUT_ONE_ROW_GROUP_WAVES * _resident_warps(device)
+    small = _unstaged(p) or _group_rows_unstaged(p, device)
+    if variant.batch == 1 or not (exact_group(p, warp) or (small and within_waves)):
         return variant
     twin = replace(variant, one_row=True)
     return twin if twin in V.one_row_variants(p.dtype, p.op, warp, variant.vec) else variant

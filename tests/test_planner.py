@@ -925,11 +925,10 @@ def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
                 variant = _warp_variant_of(the_plan, problem, device)
                 assert (variant.lanes, variant.slots, variant.vec, variant.one_row) == (lanes, 1, vec, True), (
                     dtype, cols, nbytes)
-                before, _ = _plans_with_and_without(monkeypatch, "EXACT_GROUP_MIN_LANES", problem, device)
-                monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
-                plan.cache_clear()
-                changed += plan(problem, device) != the_plan
-                monkeypatch.undo()
+                with monkeypatch.context() as rule_off:
+                    rule_off.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
+                    plan.cache_clear()
+                    changed += plan(problem, device) != the_plan
                 plan.cache_clear()
             elif nbytes > planner.SMALL_INPUT_GROUP_BYTES and the_plan.tier == "warp":
                 # past the small-input sizes, fewer lanes, scalar slots or inputs past the largest keep

@@ -5,8 +5,8 @@
 VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
 V.NAME for the variant catalogue's, L.NAME for the launch module's (L.COOPERATIVE_LAUNCHES:True
 launches the on-chip tiers cooperatively); an empty list keeps the committed settings), SPECS a
-','-separated list of dtype:RxC[:axis] (or empty, with --scan). Prints one line per (spec, op): each variant's % of the
-device-to-device copy, torch's, and the largest error against torch in float64
+','-separated list of dtype:RxC[:axis] (or empty, with --scan). Prints one line per (spec, op):
+each variant's % of the device-to-device copy, torch's, and the largest error against torch in float64
 (every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
 of back-to-back softmax calls of torch tensors (the prepared launcher's path) and their device
 time, per variant, beside torch's.
@@ -70,8 +70,7 @@ def scan_specs(text: str) -> list[str]:
     """Specs of every (dtype, columns, size) of DTYPES:COLS:MIBS (each ','-free lists joined by '+'),
     rows as many as fill the size: 'float32+float16:16+64+128:8.5+12' is 12 specs."""
     dtypes, cols, mibs = (part.split("+") for part in text.split(":"))
-    itemsize = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-    return [f"{dtype}:{max(1, int(float(mib) * (1 << 20)) // (int(c) * itemsize[dtype]))}x{c}"
+    return [f"{dtype}:{max(1, int(float(mib) * (1 << 20)) // (int(c) * planner.V.DTYPES[dtype][2]))}x{c}"
             for mib in mibs for dtype in dtypes for c in cols]
 
 
