@@ -528,6 +528,52 @@ def _group_rows_unstaged(p: RowProblem, device: DeviceProfile) -> bool:
     return 0 < lanes < device.warp_size
 
 
+#: a staged plan of rows longer than a 16-byte vector a lane of a warp that covers them in fewer
+#: tiles than this a multiprocessor gives way to the block tier (the small-input block,
+#: SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), or to the register tier where the rows are whole 16-byte
+#: vectors (_whole_vector_rows); rows one warp takes fill FEW_TILES_MIN_FILL of its slots. The
+#: staged blocks, a few a multiprocessor, each load, reduce and store a tile in turn; with few tiles
+#: each, that sequence is not hidden behind other blocks' (the small-input rules' reason, past their
+#: sizes). Measured on an H100 (tools/ab_bench.py, same process, % of the copy, softmax and
+#: log_softmax, 2026-11-27), 16-bit rows of 260-4000 columns at 8.2-32 MiB against the staged tiers:
+#: under 8 tiles a multiprocessor the block tier +5 to +27 on 1100-4000 columns (float16 1114x4000
+#: 88 -> 114, 3315x1344 92 -> 110), +5 to +13 on 640-1024 columns at 8.5-12 MiB (4352x1024 81 ->
+#: 94), level (within 3) at 6-8 tiles but rows of 624-720 columns, 3-8 slower there; the register
+#: tier +4 to +13 on whole-vector rows of 416-512 columns (8704x512 78 -> 90), level to 6 slower at
+#: 6-8 tiles. Rows of partial slots on the register tier (260, 300, 513, 777 columns) ran 4-36
+#: slower, rows filling under 0.8 of the tier's slots 2-21 slower (the register tier at 264-384
+#: columns, the block tier at 520-600 and, two warps, 1100); from 8 tiles on the staged tiers led.
+STAGED_MIN_TILES_PER_SM = 8
+#: ... but rows that one warp takes (the register tier, or a block of one warp) give way only under
+#: this many: such moves measured +6 to +9 on average under 6 tiles, level (-8 to +5) at 6-8.
+STAGED_MIN_TILES_PER_SM_ONE_WARP = 6
+#: the share of a warp's slots (the register tier's lanes x slots a lane, a one-warp block's lanes x
+#: passes) that rows STAGED_MIN_TILES_PER_SM moves to one warp fill at least. Blocks of several
+#: warps fill 0.75 or more by their size (SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), and measured +3 to
+#: +23 at 0.75-0.8 (16-bit rows of 1600 and 3200 columns).
+FEW_TILES_MIN_FILL = 0.8
+
+
+def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
+    """Whether this staged plan covers rows longer than a 16-byte vector a lane of a warp in fewer
+    than `least` tiles a multiprocessor."""
+    return (p.cols * V.DTYPES[p.dtype][2] > 16 * device.warp_size
+            and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors)
+
+
+def _one_warp_gives_way(staged: Plan, p: RowProblem, device: DeviceProfile, slots: int, warp_slots: int) -> bool:
+    """Whether a staged plan of few tiles gives way to one warp a row holding `warp_slots` slots
+    (STAGED_MIN_TILES_PER_SM_ONE_WARP, FEW_TILES_MIN_FILL)."""
+    return (_few_tiles(staged, p, device, STAGED_MIN_TILES_PER_SM_ONE_WARP)
+            and slots >= FEW_TILES_MIN_FILL * warp_slots)
+
+
+def _whole_vector_rows(p: RowProblem, vec: int) -> bool:
+    """Whether every row is whole 16-byte vectors starting on one (no partial head or tail slot)."""
+    return (vec * V.DTYPES[p.dtype][2] == 16 and p.cols % vec == 0
+            and slots_needed(p, vec) == p.cols // vec)
+
+
 def _spread_blocks(device: DeviceProfile) -> int:
     """Blocks that a small input's grid should reach (SMALL_INPUT_BLOCKS_PER_SM), 0 for none."""
     return ceil(SMALL_INPUT_BLOCKS_PER_SM * device.multiprocessors)
@@ -897,6 +943,29 @@ BLOCK_TIER_SLOTS_PER_THREAD = 8
 #: values queued behind a sleep: 8 slots (128 threads) 5.0 us, 4: 4.0, 2 (512 threads): 3.7, against
 #: torch.softmax's 3.8.
 BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD = 2
+#: slots a thread of the block tier for inputs under SMALL_INPUT_BLOCK_BYTES, and for the rows
+#: that STAGED_MIN_TILES_PER_SM moves there: more warps to blocks of which a multiprocessor holds
+#: at most 32, where few rows a multiprocessor leave few blocks to overlap. But rows of up to
+#: SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD slots a lane of one warp keep one warp (no reduction
+#: across warps). Measured on an H100 (same process, % of the copy, 2026-11-27), against
+#: BLOCK_TIER_SLOTS_PER_THREAD: 16-bit rows of 1344-7000 columns at 1-7 MiB +2 to +13 (float16
+#: 393x4000 104 -> 114, 1367x2300 96 -> 108), float32 2100-6000 columns at 2-7 MiB level to +8,
+#: float32 7500-8192 columns level (within 2), 1 MiB inputs level to +8; at 16-24 MiB float32 rows
+#: lost 4-7, so only under 8 MiB. Rows of 1056-1280 columns (132-160 slots) on one warp against
+#: two: +1 to +6 at 3-6 MiB, +2 to +15 at 8.5-18 MiB (moved rows); two warps against one from 168
+#: slots (1344-1520 columns +1 to +4), three against two for 2100-2200 columns +4 to +12.
+SMALL_INPUT_BLOCK_SLOTS_PER_THREAD = 4
+SMALL_INPUT_BLOCK_BYTES = 8 << 20
+SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD = 5
+
+
+def _small_input_block_warps(slots: int, warp: int) -> int:
+    """Warps of a small input's block-tier block (SMALL_INPUT_BLOCK_SLOTS_PER_THREAD)."""
+    if slots <= SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD * warp:
+        return 1
+    return ceil(slots / SMALL_INPUT_BLOCK_SLOTS_PER_THREAD / warp)
+
+
 #: a block-tier row takes at most 1 / BLOCK_TIER_SM_SHARE of a multiprocessor's shared memory
 #: (longer rows are split across blocks)
 BLOCK_TIER_SM_SHARE = 2
@@ -1057,12 +1126,16 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
     unstaged = _unstaged(p) or _group_rows_unstaged(p, device)
+    staged = None  # a staged plan of few tiles: taken only where the tiers below do not qualify
     for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
         if unstaged and tier is not _plan_packed:
             continue
         the_plan = tier(p, device)
         if the_plan is not None:
-            return the_plan
+            if the_plan.tier == "packed" or not _few_tiles(the_plan, p, device, STAGED_MIN_TILES_PER_SM):
+                return the_plan
+            staged = the_plan
+            break
     warp = device.warp_size
     vec = register_vec(p, warp)
     slots = slots_needed(p, vec)
@@ -1072,6 +1145,9 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     notes = {"vec": vec, "slots": slots}
 
     variant = _warp_variant(p, device, vec, slots)
+    if variant is not None and staged is not None and not (_whole_vector_rows(p, vec) and _one_warp_gives_way(
+            staged, p, device, slots, variant.lanes * variant.slots)):
+        return staged
     if variant is not None:
         variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant))
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
@@ -1097,16 +1173,26 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     def block_plan() -> Plan:
         """A block a row, its threads streaming BLOCK_TIER_SLOTS_PER_THREAD slots each (for few rows,
-        BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD), within BLOCK_TIER_MIN_WARPS and BLOCK_TIER_MAX_THREADS."""
+        BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD; small inputs, _small_input_block_warps), within
+        BLOCK_TIER_MIN_WARPS and BLOCK_TIER_MAX_THREADS."""
         per_thread = BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD if few_rows else BLOCK_TIER_SLOTS_PER_THREAD
-        threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS,
-                      max(BLOCK_TIER_MIN_WARPS * warp, ceil(slots / per_thread / warp) * warp))
+        warps = ceil(slots / per_thread / warp)
+        if not few_rows and (staged is not None or p.rows * p.cols * itemsize < SMALL_INPUT_BLOCK_BYTES):
+            warps = _small_input_block_warps(slots, warp)
+        threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS, max(BLOCK_TIER_MIN_WARPS, warps) * warp)
         launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,
                         row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
         return Plan("block", (launch,), notes=notes)
 
     if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
-        return block_plan()
+        the_plan = block_plan()
+        threads = the_plan.launches[0].block
+        if staged is not None and threads == warp and not _one_warp_gives_way(
+                staged, p, device, slots, warp * ceil(slots / warp)):
+            return staged
+        return the_plan
+    if staged is not None:
+        return staged
 
     if CLUSTER_SPLIT and has_clusters(device):
         clustered = _plan_cluster(p, device, vec, slots, static_bytes, row_args)

@@ -17,9 +17,12 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 OPS = ("softmax", "log_softmax")
 
 
-#: the planner's small-input rules as committed (tests of the tiers larger inputs take turn them off)
+#: the planner's small-input rules as committed, and the few-tiles rule that extends them (tests of the
+#: tiers larger inputs take turn them off)
 SMALL_INPUT_RULES = {name: getattr(planner, name)
                      for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES", "SMALL_INPUT_GROUP_BYTES",
+                                  "SMALL_INPUT_BLOCK_BYTES", "STAGED_MIN_TILES_PER_SM",
+                                  "STAGED_MIN_TILES_PER_SM_ONE_WARP",
                                   "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_ONE_ROW_GROUP_WAVES")}
 
 

@@ -760,7 +760,9 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
     slot a lane, skip the staged tiers; inputs whose grid would fall short of
     SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor take smaller tiles or blocks (never fewer
-    blocks); the rest plan exactly as without the rules."""
+    blocks), but for the block tier's, which under SMALL_INPUT_BLOCK_BYTES take the warps of
+    _small_input_block_warps; the rest plan exactly as without the rules. (The few-tiles rule that
+    extends them is off here: test_few_staged_tiles_give_way.)"""
     itemsize = V.DTYPES[dtype][2]
     wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
     limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
@@ -772,6 +774,7 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         set_small_input_rules(monkeypatch, False)
         before = plan(problem, device)
         set_small_input_rules(monkeypatch, True)
+        monkeypatch.setattr(planner, "STAGED_MIN_TILES_PER_SM", 0)
         after = plan(problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
         groups = 0 < planner.one_slot_lanes(problem, device.warp_size) < device.warp_size
@@ -779,12 +782,19 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
             groups and rows * cols * itemsize <= SMALL_INPUT_RULES["SMALL_INPUT_GROUP_BYTES"]))
         if unstaged:
             assert after.tier not in STAGED_TIERS, what
-        elif before.launches[0].grid >= wanted:
+        elif before.launches[0].grid >= wanted and not (
+                before.tier == "block" and rows * cols * itemsize < SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"]
+                and rows >= device.multiprocessors):
             assert after == before, what
             continue
         if after.tier != before.tier:
             continue
         (b,), (a,) = before.launches, after.launches
+        small_block = rows * cols * itemsize < SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"]
+        if after.tier == "block" and small_block and rows >= device.multiprocessors:  # fewer: few_rows' threads
+            warps = planner._small_input_block_warps(after.notes["slots"], device.warp_size)
+            assert a.grid == b.grid and a.block == min(warps * device.warp_size, planner.BLOCK_TIER_MAX_THREADS), what
+            continue
         assert a.grid >= b.grid and a.block <= b.block, what
         share = ceil(rows / wanted)  # rows a block of an even spread over the wanted blocks
         if after.tier in ("warp", "packed"):
@@ -965,3 +975,58 @@ def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, d
                 assert the_plan.tier in STAGED_TIERS, (dtype, cols, nbytes, the_plan.tier)
                 staged_kept += 1
     assert staged_kept >= 4 or not planner.has_async_copy(device)
+
+
+FEW_TILES_COLS = (264, 300, 384, 448, 512, 513, 600, 640, 777, 1000, 1100, 1344, 1500, 2048, 3000, 4000)
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_few_staged_tiles_give_way(monkeypatch, device):
+    """A staged plan of rows longer than a 16-byte vector a lane of a warp that covers them in fewer
+    than STAGED_MIN_TILES_PER_SM tiles a multiprocessor gives way to the block tier (the small-input
+    block's warps) or to the register tier, where the rows are whole 16-byte vectors; where one warp
+    takes a row, only under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles and where the row fills
+    FEW_TILES_MIN_FILL of its slots. Every other plan stays as it was."""
+    set_small_input_rules(monkeypatch, True)
+    warp, itemsize = device.warp_size, 2
+    threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"]
+    moved = kept = 0
+    for dtype, cols, mib in itertools.product(("float16", "bfloat16"), FEW_TILES_COLS, (6, 9, 12, 16, 24, 40)):
+        rows = (mib << 20) // (cols * itemsize)
+        problem = RowProblem(dtype, "softmax", rows, cols)
+        before, after = _plans_with_and_without(monkeypatch, "STAGED_MIN_TILES_PER_SM", problem, device)
+        what = (dtype, rows, cols, before.tier, after.tier)
+        few = (before.tier in STAGED_TIERS and cols * itemsize > 16 * warp
+               and ceil(rows / before.notes["tile_rows"]) < threshold * device.multiprocessors)
+        if not few or after == before:
+            assert after == before or not few, what
+            kept += few
+            continue
+        moved += 1
+        (launch,) = after.launches
+        slots = after.notes["slots"]
+        one_warp_tiles = ceil(rows / before.notes["tile_rows"]) < (
+            SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM_ONE_WARP"] * device.multiprocessors)
+        assert after.tier in ("warp", "block"), what
+        if after.tier == "warp":
+            variant = _warp_variant_of(after, problem, device)
+            assert cols % 8 == 0 and slots == cols // 8, what  # whole 16-byte vectors
+            assert one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * variant.lanes * variant.slots, what
+        else:
+            assert launch.block == planner._small_input_block_warps(slots, warp) * warp, what
+            assert launch.block > warp or (
+                one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * warp * ceil(slots / warp)), what
+    if has_async_copy(device):  # the staged tiers exist: the rule moved some rows and kept others
+        assert moved >= 10 and kept >= 5, (moved, kept)
+    else:
+        assert moved == 0
+    h100 = PROFILES["h100"]
+    if device is h100:
+        # 4 slots a thread (500 slots: 128 threads, 275: 96), but one warp for rows of up to 5 slots a lane
+        for rows, cols, threads in ((1114, 4000, 128), (2621, 2200, 96), (5242, 1100, 32), (4259, 1600, 64)):
+            assert plan(RowProblem("float16", "softmax", rows, cols), device).launches[0].block == threads
+        assert plan(RowProblem("float16", "softmax", 8704, 512), device).tier == "warp"
+        for cols in (300, 513, 384, 600):  # partial slots, or under 0.8 of a warp's slots: the staged groups
+            assert plan(RowProblem("float16", "softmax", (12 << 20) // (2 * cols), cols), device).tier == "staged_group"
+        # one warp a row from 6 tiles a multiprocessor on (float16 1000 columns at 16 MiB: 7.9 tiles)
+        assert plan(RowProblem("float16", "softmax", 8388, 1000), device).tier == "staged_group"
