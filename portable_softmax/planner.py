@@ -1033,6 +1033,11 @@ CACHED_CHUNKS_PER_SM_BY_ITEMSIZE = {2: 5}
 #: 81; 16-bit rows at 384 threads -1.5 to +1, at 512 threads (float32 spilling under the bound
 #: that allows four such blocks) float32 softmax 5-6 slower.
 CACHED_THREADS_BY_ITEMSIZE = {4: 384}
+#: chunks a multiprocessor that the on-chip split's rows make at least (few rows: smaller chunks).
+#: 3-5 measured no steadier gain on rows fewer than multiprocessors at 4-32 MiB (H100, same process,
+#: 2026-11-27: means +1, -1, -5 over 69 shapes), where the same plan read 10-20 points apart
+#: between variants of one spec.
+SPLIT_MIN_CHUNKS_PER_SM = 2
 #: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the on-chip
 #: split whose chunks are held partly in registers (split_cached_registers), where copies are
 #: asynchronous; dtypes not listed keep the whole chunk in shared memory. The pairs built
@@ -1257,7 +1262,8 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         held, per_multiprocessor = 0, None
         kernel = V.split_cached_name(p.dtype, p.op, warp, vec)
     chunk_cap = max(threads, chunk_cap)
-    chunks = max(ceil(slots / chunk_cap), min(ceil(2 * device.multiprocessors / p.rows), ceil(slots / threads)))
+    chunks = max(ceil(slots / chunk_cap),
+                 min(ceil(SPLIT_MIN_CHUNKS_PER_SM * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
         chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(vec, itemsize))
         shared = max(0, chunk_slots - held) * vec * itemsize  # the chunk's first `held` slots: in registers
