@@ -528,10 +528,11 @@ def _group_rows_unstaged(p: RowProblem, device: DeviceProfile) -> bool:
     return 0 < lanes < device.warp_size
 
 
-#: a staged plan of rows longer than a 16-byte vector a lane of a warp that covers them in fewer
-#: tiles than this a multiprocessor gives way to the block tier (the small-input block,
-#: SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), or to the register tier where the rows are whole 16-byte
-#: vectors (_whole_vector_rows); rows one warp takes fill FEW_TILES_MIN_FILL of its slots. The
+#: a staged plan of rows longer than a 16-byte vector a lane of a warp (and of the shorter rows of
+#: FEW_TILES_SHORT_ROW_ITEMSIZES) that covers them in fewer tiles than this a multiprocessor gives
+#: way to the block tier (the small-input block, SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), or to the
+#: register tier where it reads the rows in whole slots (_whole_slot_rows); rows one warp takes fill
+#: FEW_TILES_MIN_FILL of its slots. The
 #: staged blocks, a few a multiprocessor, each load, reduce and store a tile in turn; with few tiles
 #: each, that sequence is not hidden behind other blocks' (the small-input rules' reason, past their
 #: sizes). Measured on an H100 (tools/ab_bench.py, same process, % of the copy, softmax and
@@ -547,31 +548,46 @@ STAGED_MIN_TILES_PER_SM = 8
 #: ... but rows that one warp takes (the register tier, or a block of one warp) give way only under
 #: this many: such moves measured +6 to +9 on average under 6 tiles, level (-8 to +5) at 6-8.
 STAGED_MIN_TILES_PER_SM_ONE_WARP = 6
-#: the share of a warp's slots (the register tier's lanes x slots a lane, a one-warp block's lanes x
-#: passes) that rows STAGED_MIN_TILES_PER_SM moves to one warp fill at least. Blocks of several
-#: warps fill 0.75 or more by their size (SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), and measured +3 to
-#: +23 at 0.75-0.8 (16-bit rows of 1600 and 3200 columns).
+#: the share of a warp's slots (a one-warp block's lanes x passes, the register tier's lanes x
+#: slots a lane where a lane holds two or more 16-byte vectors) that rows STAGED_MIN_TILES_PER_SM
+#: moves to one warp fill at least. Blocks of several warps fill 0.75 or more by their size
+#: (SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), and measured +3 to +23 at 0.75-0.8 (16-bit rows of 1600
+#: and 3200 columns); float32 rows on scalar slots or one vector a lane gained at 0.56-0.75 (below).
 FEW_TILES_MIN_FILL = 0.8
+#: element sizes whose shorter rows (of SMALL_INPUT_UNSTAGED_MIN_COLS columns or more) follow the
+#: rule too, to the register tier: float32, whose register-tier rows take scalar slots
+#: (SCALAR_ROWS_MIN_COLS) or one 16-byte slot a lane. Measured on an H100 (same process, two runs,
+#: 2026-11-27), under 6 tiles a multiprocessor at 9-14 MiB: float32 rows of 40-150 columns +7 to
+#: +20 (29491x80 88-93 -> 112-114, 32768x72 81-83 -> 90-92, 15728x150 100-103 -> 113-118), but
+#: 100 columns level (-1); then, on 53 other shapes of 20-148 columns at 8.5-16 MiB, +8.3 on
+#: average, 47 by more than 2, none slower by more than 2 (76458x48 94-97 -> 112-114, torch 103-108).
+#: 16-bit rows of 96 and 200 columns +4 to +8 there, but at 16 MiB (5-10 tiles) 16-bit rows of
+#: 48-120 columns measured 1-11 slower in the thirty-fifth session, so they keep the staged tiers.
+FEW_TILES_SHORT_ROW_ITEMSIZES = (4,)
 
 
 def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
-    """Whether this staged plan covers rows longer than a 16-byte vector a lane of a warp in fewer
-    than `least` tiles a multiprocessor."""
-    return (p.cols * V.DTYPES[p.dtype][2] > 16 * device.warp_size
-            and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors)
+    """Whether this staged plan covers rows longer than a 16-byte vector a lane of a warp (or the
+    shorter rows of FEW_TILES_SHORT_ROW_ITEMSIZES) in fewer than `least` tiles a multiprocessor."""
+    itemsize = V.DTYPES[p.dtype][2]
+    rows_taken = p.cols * itemsize > 16 * device.warp_size or (
+        itemsize in FEW_TILES_SHORT_ROW_ITEMSIZES and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
+    return rows_taken and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
 
 
-def _one_warp_gives_way(staged: Plan, p: RowProblem, device: DeviceProfile, slots: int, warp_slots: int) -> bool:
-    """Whether a staged plan of few tiles gives way to one warp a row holding `warp_slots` slots
-    (STAGED_MIN_TILES_PER_SM_ONE_WARP, FEW_TILES_MIN_FILL)."""
-    return (_few_tiles(staged, p, device, STAGED_MIN_TILES_PER_SM_ONE_WARP)
-            and slots >= FEW_TILES_MIN_FILL * warp_slots)
+def _one_warp_gives_way(staged: Plan, p: RowProblem, device: DeviceProfile, fill: float) -> bool:
+    """Whether a staged plan of few tiles gives way to one warp (or lane group) a row whose slots
+    the row fills to `fill` (STAGED_MIN_TILES_PER_SM_ONE_WARP, FEW_TILES_MIN_FILL)."""
+    return _few_tiles(staged, p, device, STAGED_MIN_TILES_PER_SM_ONE_WARP) and fill >= FEW_TILES_MIN_FILL
 
 
-def _whole_vector_rows(p: RowProblem, vec: int) -> bool:
-    """Whether every row is whole 16-byte vectors starting on one (no partial head or tail slot)."""
-    return (vec * V.DTYPES[p.dtype][2] == 16 and p.cols % vec == 0
-            and slots_needed(p, vec) == p.cols // vec)
+def _whole_slot_rows(p: RowProblem, vec: int) -> bool:
+    """Whether the register tier reads every row in whole slots: whole 16-byte vectors starting on
+    one (no partial head or tail slot), or the scalar slots of FEW_TILES_SHORT_ROW_ITEMSIZES."""
+    itemsize = V.DTYPES[p.dtype][2]
+    if vec == 1:
+        return itemsize in FEW_TILES_SHORT_ROW_ITEMSIZES
+    return vec * itemsize == 16 and p.cols % vec == 0 and slots_needed(p, vec) == p.cols // vec
 
 
 def _spread_blocks(device: DeviceProfile) -> int:
@@ -1150,9 +1166,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     notes = {"vec": vec, "slots": slots}
 
     variant = _warp_variant(p, device, vec, slots)
-    if variant is not None and staged is not None and not (_whole_vector_rows(p, vec) and _one_warp_gives_way(
-            staged, p, device, slots, variant.lanes * variant.slots)):
-        return staged
+    if variant is not None and staged is not None:
+        held = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots  # fill tested
+        if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / held)):
+            return staged
     if variant is not None:
         variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant))
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
@@ -1193,7 +1210,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         the_plan = block_plan()
         threads = the_plan.launches[0].block
         if staged is not None and threads == warp and not _one_warp_gives_way(
-                staged, p, device, slots, warp * ceil(slots / warp)):
+                staged, p, device, slots / (warp * ceil(slots / warp))):
             return staged
         return the_plan
     if staged is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import replace
 from math import ceil, lcm
@@ -956,8 +957,10 @@ def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
 def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, device):
     """Inputs of SMALL_INPUT_UNSTAGED_BYTES up to SMALL_INPUT_GROUP_BYTES whose rows a lane group of
     fewer lanes than a warp holds in one 16-byte slot a lane take the register tier; past that size,
-    and rows of a whole warp's group, keep the staged tiers where copies are asynchronous."""
+    and rows of a whole warp's group, keep the staged tiers where copies are asynchronous (the
+    few-tiles rule, which may move them too, off: test_few_staged_tiles_give_way)."""
     set_small_input_rules(monkeypatch, True)
+    monkeypatch.setattr(planner, "STAGED_MIN_TILES_PER_SM", 0)
     warp = device.warp_size
     limit = planner.SMALL_INPUT_GROUP_BYTES
     staged_kept = 0
@@ -977,49 +980,62 @@ def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, d
     assert staged_kept >= 4 or not planner.has_async_copy(device)
 
 
-FEW_TILES_COLS = (264, 300, 384, 448, 512, 513, 600, 640, 777, 1000, 1100, 1344, 1500, 2048, 3000, 4000)
+FEW_TILES_COLS = {"float16": (264, 300, 384, 448, 512, 513, 600, 640, 777, 1000, 1100, 1344, 1500, 2048, 3000, 4000),
+                  "bfloat16": (264, 513, 1000, 3000), "float32": (12, 16, 40, 48, 72, 80, 100, 150)}
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_few_staged_tiles_give_way(monkeypatch, device):
-    """A staged plan of rows longer than a 16-byte vector a lane of a warp that covers them in fewer
-    than STAGED_MIN_TILES_PER_SM tiles a multiprocessor gives way to the block tier (the small-input
-    block's warps) or to the register tier, where the rows are whole 16-byte vectors; where one warp
-    takes a row, only under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles and where the row fills
-    FEW_TILES_MIN_FILL of its slots. Every other plan stays as it was."""
+    """A staged plan of rows longer than a 16-byte vector a lane of a warp (or of float32 rows of 16
+    columns or more, FEW_TILES_SHORT_ROW_ITEMSIZES) that covers them in fewer than
+    STAGED_MIN_TILES_PER_SM tiles a multiprocessor gives way to the block tier (the small-input
+    block's warps; longer rows only) or to the register tier, where the rows read whole slots (whole
+    16-byte vectors, or float32 scalar slots); to the register tier or a block of one warp only
+    under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles, and where a one-warp block, or a lane of two or
+    more vectors, is filled to FEW_TILES_MIN_FILL. Every other plan stays as it was."""
     set_small_input_rules(monkeypatch, True)
-    warp, itemsize = device.warp_size, 2
+    warp = device.warp_size
     threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"]
-    moved = kept = 0
-    for dtype, cols, mib in itertools.product(("float16", "bfloat16"), FEW_TILES_COLS, (6, 9, 12, 16, 24, 40)):
-        rows = (mib << 20) // (cols * itemsize)
-        problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "STAGED_MIN_TILES_PER_SM", problem, device)
-        what = (dtype, rows, cols, before.tier, after.tier)
-        few = (before.tier in STAGED_TIERS and cols * itemsize > 16 * warp
-               and ceil(rows / before.notes["tile_rows"]) < threshold * device.multiprocessors)
-        if not few or after == before:
-            assert after == before or not few, what
-            kept += few
-            continue
-        moved += 1
-        (launch,) = after.launches
-        slots = after.notes["slots"]
-        one_warp_tiles = ceil(rows / before.notes["tile_rows"]) < (
-            SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM_ONE_WARP"] * device.multiprocessors)
-        assert after.tier in ("warp", "block"), what
-        if after.tier == "warp":
-            variant = _warp_variant_of(after, problem, device)
-            assert cols % 8 == 0 and slots == cols // 8, what  # whole 16-byte vectors
-            assert one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * variant.lanes * variant.slots, what
-        else:
-            assert launch.block == planner._small_input_block_warps(slots, warp) * warp, what
-            assert launch.block > warp or (
-                one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * warp * ceil(slots / warp)), what
-    if has_async_copy(device):  # the staged tiers exist: the rule moved some rows and kept others
-        assert moved >= 10 and kept >= 5, (moved, kept)
+    moved = collections.Counter()
+    kept = 0
+    for dtype, mib in itertools.product(FEW_TILES_COLS, (6, 9, 12, 16, 24, 40)):
+        for cols in FEW_TILES_COLS[dtype]:
+            itemsize = V.DTYPES[dtype][2]
+            rows = (mib << 20) // (cols * itemsize)
+            problem = RowProblem(dtype, "softmax", rows, cols)
+            before, after = _plans_with_and_without(monkeypatch, "STAGED_MIN_TILES_PER_SM", problem, device)
+            what = (dtype, rows, cols, before.tier, after.tier)
+            long_rows = cols * itemsize > 16 * warp
+            few = (before.tier in STAGED_TIERS and (long_rows or (itemsize == 4 and cols >= 16))
+                   and ceil(rows / before.notes["tile_rows"]) < threshold * device.multiprocessors)
+            if not few or after == before:
+                assert after == before or not few, what
+                kept += few
+                continue
+            moved[after.tier, long_rows] += 1
+            (launch,) = after.launches
+            slots = after.notes["slots"]
+            one_warp_tiles = ceil(rows / before.notes["tile_rows"]) < (
+                SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM_ONE_WARP"] * device.multiprocessors)
+            assert after.tier == "warp" or (after.tier == "block" and long_rows), what
+            if after.tier == "warp":
+                variant = _warp_variant_of(after, problem, device)
+                assert one_warp_tiles, what
+                if variant.vec > 1:  # whole 16-byte vectors; two or more a lane filled to FEW_TILES_MIN_FILL
+                    assert variant.vec * itemsize == 16 and cols % variant.vec == 0, what
+                    assert slots == cols // variant.vec, what
+                    assert variant.slots == 1 or slots >= planner.FEW_TILES_MIN_FILL * variant.lanes * variant.slots
+                else:
+                    assert itemsize == 4, what
+            else:
+                assert launch.block == planner._small_input_block_warps(slots, warp) * warp, what
+                assert launch.block > warp or (
+                    one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * warp * ceil(slots / warp)), what
+    if has_async_copy(device):  # the staged tiers exist: the rule moved long and short rows, and kept others
+        assert moved["block", True] >= 5 and moved["warp", True] >= 1 and moved["warp", False] >= 3, moved
+        assert kept >= 5, kept
     else:
-        assert moved == 0
+        assert not moved
     h100 = PROFILES["h100"]
     if device is h100:
         # 4 slots a thread (500 slots: 128 threads, 275: 96), but one warp for rows of up to 5 slots a lane
@@ -1030,3 +1046,6 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
             assert plan(RowProblem("float16", "softmax", (12 << 20) // (2 * cols), cols), device).tier == "staged_group"
         # one warp a row from 6 tiles a multiprocessor on (float16 1000 columns at 16 MiB: 7.9 tiles)
         assert plan(RowProblem("float16", "softmax", 8388, 1000), device).tier == "staged_group"
+        # float32 rows on scalar slots under 6 tiles (80 columns at 9 MiB: 3.5), not from 6 (100 at 14 MiB: 8.7)
+        assert plan(RowProblem("float32", "softmax", 29491, 80), device).tier == "warp"
+        assert plan(RowProblem("float32", "softmax", 36700, 100), device).tier == "staged_group"
