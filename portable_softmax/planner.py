@@ -532,18 +532,18 @@ def _group_rows_unstaged(p: RowProblem, device: DeviceProfile) -> bool:
 #: FEW_TILES_SHORT_ROW_ITEMSIZES) that covers them in fewer tiles than this a multiprocessor gives
 #: way to the block tier (the small-input block, SMALL_INPUT_BLOCK_SLOTS_PER_THREAD), or to the
 #: register tier where it reads the rows in whole slots (_whole_slot_rows); rows one warp takes fill
-#: FEW_TILES_MIN_FILL of its slots. The
-#: staged blocks, a few a multiprocessor, each load, reduce and store a tile in turn; with few tiles
-#: each, that sequence is not hidden behind other blocks' (the small-input rules' reason, past their
-#: sizes). Measured on an H100 (tools/ab_bench.py, same process, % of the copy, softmax and
-#: log_softmax, 2026-11-27), 16-bit rows of 260-4000 columns at 8.2-32 MiB against the staged tiers:
-#: under 8 tiles a multiprocessor the block tier +5 to +27 on 1100-4000 columns (float16 1114x4000
-#: 88 -> 114, 3315x1344 92 -> 110), +5 to +13 on 640-1024 columns at 8.5-12 MiB (4352x1024 81 ->
-#: 94), level (within 3) at 6-8 tiles but rows of 624-720 columns, 3-8 slower there; the register
-#: tier +4 to +13 on whole-vector rows of 416-512 columns (8704x512 78 -> 90), level to 6 slower at
-#: 6-8 tiles. Rows of partial slots on the register tier (260, 300, 513, 777 columns) ran 4-36
-#: slower, rows filling under 0.8 of the tier's slots 2-21 slower (the register tier at 264-384
-#: columns, the block tier at 520-600 and, two warps, 1100); from 8 tiles on the staged tiers led.
+#: FEW_TILES_MIN_FILL of its slots. The staged blocks, a few a multiprocessor, each load, reduce and
+#: store a tile in turn; with few tiles each, that sequence is not hidden behind other blocks' (the
+#: small-input rules' reason, past their sizes). Measured on an H100 (tools/ab_bench.py, same
+#: process, % of the copy, softmax and log_softmax, 2026-11-27), 16-bit rows of 260-4000 columns at
+#: 8.2-32 MiB against the staged tiers: under 8 tiles a multiprocessor the block tier +5 to +27 on
+#: 1100-4000 columns (float16 1114x4000 88 -> 114, 3315x1344 92 -> 110), +5 to +13 on 640-1024
+#: columns at 8.5-12 MiB (4352x1024 81 -> 94), level (within 3) at 6-8 tiles but rows of 624-720
+#: columns, 3-8 slower there; the register tier +4 to +13 on whole-vector rows of 416-512 columns
+#: (8704x512 78 -> 90), level to 6 slower at 6-8 tiles. Rows of partial slots on the register tier
+#: (260, 300, 513, 777 columns) ran 4-36 slower, rows filling under 0.8 of the tier's slots 2-21
+#: slower (the register tier at 264-384 columns, the block tier at 520-600 and, two warps, 1100);
+#: from 8 tiles on the staged tiers led.
 STAGED_MIN_TILES_PER_SM = 8
 #: ... but rows that one warp takes (the register tier, or a block of one warp) give way only under
 #: this many: such moves measured +6 to +9 on average under 6 tiles, level (-8 to +5) at 6-8.
@@ -1167,8 +1167,9 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
 
     variant = _warp_variant(p, device, vec, slots)
     if variant is not None and staged is not None:
-        held = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots  # fill tested
-        if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / held)):
+        # the fill test: lanes of two or more 16-byte vectors (scalar slots and one vector a lane pass)
+        warp_slots = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots
+        if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / warp_slots)):
             return staged
     if variant is not None:
         variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant))
