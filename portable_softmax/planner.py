@@ -437,11 +437,11 @@ def _one_row_a_warp(p: RowProblem, device: DeviceProfile, vec: int, slots: int,
     return min(one_a_step, key=lambda v: v.slots, default=variant)
 
 
-def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant) -> V.WarpVariant:
-    """`variant`, or its twin taking one row a step (SMALL_INPUT_ONE_ROW_GROUP_WAVES)."""
+def _one_row_groups(p: RowProblem, device: DeviceProfile, variant: V.WarpVariant, small: bool) -> V.WarpVariant:
+    """`variant`, or its twin taking one row a step (SMALL_INPUT_ONE_ROW_GROUP_WAVES); `small`: the
+    small-input rules keep these rows off the staged tiers (_plan_rows' `unstaged`)."""
     warp = device.warp_size
     within_waves = ceil(p.rows * variant.lanes / warp) <= SMALL_INPUT_ONE_ROW_GROUP_WAVES * _resident_warps(device)
-    small = _unstaged(p) or _group_rows_unstaged(p, device)
     if variant.batch == 1 or not (exact_group(p, warp) or (small and within_waves)):
         return variant
     twin = replace(variant, one_row=True)
@@ -499,11 +499,9 @@ def one_slot_lanes(p: RowProblem, warp: int) -> int:
     on one, in one slot a lane, where that group has a kernel taking one row a step
     (V.one_row_variants) and the rows do not take scalar slots (scalar_rows), else 0."""
     vec = V.vector_widths(p.dtype)[1]
-    slots = p.cols // vec
-    if (p.rows <= 1 or choose_vec(p) != vec or p.cols % vec or slots_needed(p, vec) != slots
-            or scalar_rows(p, warp)):
+    if p.rows <= 1 or choose_vec(p) != vec or not _whole_vectors(p, vec) or scalar_rows(p, warp):
         return 0
-    lanes = 1 << (slots - 1).bit_length()
+    lanes = 1 << (p.cols // vec - 1).bit_length()
     twins = {v.lanes for v in V.one_row_variants(p.dtype, p.op, warp, vec)}
     return lanes if lanes in twins else 0
 
@@ -587,7 +585,12 @@ def _whole_slot_rows(p: RowProblem, vec: int) -> bool:
     itemsize = V.DTYPES[p.dtype][2]
     if vec == 1:
         return itemsize in FEW_TILES_SHORT_ROW_ITEMSIZES
-    return vec * itemsize == 16 and p.cols % vec == 0 and slots_needed(p, vec) == p.cols // vec
+    return vec * itemsize == 16 and _whole_vectors(p, vec)
+
+
+def _whole_vectors(p: RowProblem, vec: int) -> bool:
+    """Whether every row is whole vectors of `vec` elements starting on one (no partial head or tail slot)."""
+    return p.cols % vec == 0 and slots_needed(p, vec) == p.cols // vec
 
 
 def _spread_blocks(device: DeviceProfile) -> int:
@@ -1172,7 +1175,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / warp_slots)):
             return staged
     if variant is not None:
-        variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant))
+        variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant), unstaged)
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
         batch = variant.batch
         wanted = _spread_blocks(device)
