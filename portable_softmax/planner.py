@@ -312,12 +312,13 @@ STAGED_BEFORE_SCALAR_COLS = {2: 512, 4: 80}
 STAGED_WHOLE_VECTOR_BYTES = (48, 496)
 
 
-def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
+def _plan_staged(p: RowProblem, device: DeviceProfile, blocks_per_sm: float | None = None) -> Plan | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
     Rows whose input and output are both contiguous and share their misalignment qualify
     (and whose length would leave the register tier partial or scalar vectors). A step takes
     whole rows for every thread, so that each moves about STAGED_BYTES_PER_THREAD of the span.
+    `blocks_per_sm`: the grid the tiles are cut for (_spread_tile).
     """
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
@@ -335,7 +336,8 @@ def _plan_staged(p: RowProblem, device: DeviceProfile) -> Plan | None:
     threads = max(device.warp_size, STAGED_THREADS if short else STAGED_THREADS_LONG_ROWS)
     rounds = max(1, round(STAGED_BYTES_PER_THREAD / row_bytes))  # rows a thread takes per step
     tile_rows = min(p.rows, threads * rounds, _rows_fitting(p, device, vec) // threads * threads)
-    return _staged_plan(p, device, "staged", V.staged_name(p.dtype, p.op), threads, tile_rows, vec)
+    return _staged_plan(p, device, "staged", V.staged_name(p.dtype, p.op), threads, tile_rows, vec,
+                        blocks_per_sm=blocks_per_sm)
 
 
 def _one_span(p: RowProblem, vec: int) -> bool:
@@ -562,6 +564,23 @@ FEW_TILES_MIN_FILL = 0.8
 #: 16-bit rows of 96 and 200 columns +4 to +8 there, but at 16 MiB (5-10 tiles) 16-bit rows of
 #: 48-120 columns measured 1-11 slower in the thirty-fifth session, so they keep the staged tiers.
 FEW_TILES_SHORT_ROW_ITEMSIZES = (4,)
+#: staged plans that stay on the staged tiers with fewer than STAGED_MIN_TILES_PER_SM tiles a
+#: multiprocessor (rows the rule above leaves, or whose other tiers do not qualify) cut their tiles
+#: until the grid has this many blocks a multiprocessor where the rows allow (0: off), for inputs of
+#: FEW_TILES_SMALLER_MIN_BYTES or more: with a few tiles a block, a block's load, reduction and
+#: store in turn are not hidden; with smaller tiles and more blocks they are. Measured on an H100
+#: (tools/ab_bench.py, same process, two runs, % of the copy, 2026-11-27), 256 shapes drawn from the
+#: plans this changes (rows of 5-447 columns, 0.5-40 MiB), against the tiles as spread for 4 blocks
+#: a multiprocessor: staged groups +10 to +18 on average at every size (float32 and 16-bit rows of
+#: 50-447 columns); the staged tier's short rows +5 to +9 under 6 tiles at 8-16 MiB, +1 to +4 at
+#: 6-8 tiles and past 16 MiB (worst 5 slower, bfloat16 120328x122 at 28 MiB), +6 at 2-8 MiB, but
+#: level to 6 slower at 0.5-1 MiB. 8 blocks a multiprocessor gained less (+0 to +7 on average), 32
+#: as much or less. Then on 125 other shapes (1.25-36 MiB; the better of two runs): staged groups
+#: +10 to +15 on average, 16-bit rows of 320 columns at 9-20 MiB 82-91 -> 94-110, 16-bit 13 columns
+#: at 10-13 MiB 87-101 -> 94-116; at 1.25 MiB level (+0 to +1, 6 slower to 9 faster), at 1.5-1.75
+#: MiB 16-bit +5 to +6 but float32 level (-0.4 to +1.6): so from 2 MiB.
+FEW_TILES_BLOCKS_PER_SM = 16.0
+FEW_TILES_SMALLER_MIN_BYTES = 2 << 20
 
 
 def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
@@ -571,6 +590,17 @@ def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float)
     rows_taken = p.cols * itemsize > 16 * device.warp_size or (
         itemsize in FEW_TILES_SHORT_ROW_ITEMSIZES and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
     return rows_taken and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
+
+
+def _smaller_tiles(tier, staged: Plan, p: RowProblem, device: DeviceProfile) -> Plan:
+    """The staged plan as it is taken: planned again by `tier` with its tiles cut for a grid of
+    FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor where it covers the rows in fewer than
+    STAGED_MIN_TILES_PER_SM tiles a multiprocessor (inputs of FEW_TILES_SMALLER_MIN_BYTES or more)."""
+    tiles = ceil(p.rows / staged.notes["tile_rows"])
+    if (not FEW_TILES_BLOCKS_PER_SM or tiles >= STAGED_MIN_TILES_PER_SM * device.multiprocessors
+            or p.rows * p.cols * V.DTYPES[p.dtype][2] < FEW_TILES_SMALLER_MIN_BYTES):
+        return staged
+    return tier(p, device, FEW_TILES_BLOCKS_PER_SM)
 
 
 def _one_warp_gives_way(staged: Plan, p: RowProblem, device: DeviceProfile, fill: float) -> bool:
@@ -593,9 +623,10 @@ def _whole_vectors(p: RowProblem, vec: int) -> bool:
     return p.cols % vec == 0 and slots_needed(p, vec) == p.cols // vec
 
 
-def _spread_blocks(device: DeviceProfile) -> int:
-    """Blocks that a small input's grid should reach (SMALL_INPUT_BLOCKS_PER_SM), 0 for none."""
-    return ceil(SMALL_INPUT_BLOCKS_PER_SM * device.multiprocessors)
+def _spread_blocks(device: DeviceProfile, blocks_per_sm: float | None = None) -> int:
+    """Blocks that a small input's grid should reach (`blocks_per_sm`, by default
+    SMALL_INPUT_BLOCKS_PER_SM, a multiprocessor), 0 for none."""
+    return ceil((SMALL_INPUT_BLOCKS_PER_SM if blocks_per_sm is None else blocks_per_sm) * device.multiprocessors)
 
 
 def _spread_threads(device: DeviceProfile, threads: int, needed: float) -> int:
@@ -603,11 +634,13 @@ def _spread_threads(device: DeviceProfile, threads: int, needed: float) -> int:
     return min(threads, max(device.warp_size, ceil(needed / device.warp_size) * device.warp_size))
 
 
-def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int, tile_rows: int) -> tuple[int, int]:
-    """(threads, tile_rows) of a staged tier, fewer where the grid would fall short of
-    SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor: first fewer rows a thread (or group) a step,
-    then, a thread a row, fewer threads. Groups keep their block (the planner's bank counts assume it)."""
-    wanted = _spread_blocks(device)
+def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int, tile_rows: int,
+                 blocks_per_sm: float | None = None) -> tuple[int, int]:
+    """(threads, tile_rows) of a staged tier, fewer where the grid would fall short of `blocks_per_sm`
+    (by default SMALL_INPUT_BLOCKS_PER_SM) blocks a multiprocessor: first fewer rows a thread (or
+    group) a step, then, a thread a row, fewer threads. Groups keep their block (the planner's bank
+    counts assume it)."""
+    wanted = _spread_blocks(device, blocks_per_sm)
     if not wanted or ceil(p.rows / tile_rows) >= wanted:
         return threads, tile_rows
     target, groups = ceil(p.rows / wanted), threads // lanes
@@ -619,13 +652,15 @@ def _spread_tile(p: RowProblem, device: DeviceProfile, threads: int, lanes: int,
 
 
 def _staged_plan(p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
-                 vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False) -> Plan | None:
+                 vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False,
+                 blocks_per_sm: float | None = None) -> Plan | None:
     """The launch of a staged tier taking tile_rows rows a step, `lanes` lanes a row (None where none
-    fit). `row_shift` and `interleave` (the group kernels' arguments): rows of 2**row_shift slots
-    padded by a slot in the tile, or -1; the groups of 32 lanes on rows in order, or interleaved."""
+    fit), its tiles cut for a grid of `blocks_per_sm` (_spread_tile). `row_shift` and `interleave`
+    (the group kernels' arguments): rows of 2**row_shift slots padded by a slot in the tile, or -1;
+    the groups of 32 lanes on rows in order, or interleaved."""
     if tile_rows == 0:
         return None
-    threads, tile_rows = _spread_tile(p, device, threads, lanes, tile_rows)
+    threads, tile_rows = _spread_tile(p, device, threads, lanes, tile_rows, blocks_per_sm)
     stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
     shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
     group_args = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
@@ -656,7 +691,7 @@ STAGED_WARP_ITEMSIZES = (2,)
 STAGED_WARP_BYTES_PER_THREAD = 128
 
 
-def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
+def _plan_staged_warp(p: RowProblem, device: DeviceProfile, blocks_per_sm: float | None = None) -> Plan | None:
     """Contiguous rows staged through shared memory a warp a row (see STAGED_WARP_ROW_BYTES), or None."""
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
@@ -668,7 +703,8 @@ def _plan_staged_warp(p: RowProblem, device: DeviceProfile) -> Plan | None:
     threads = max(device.warp_size, STAGED_THREADS)
     return _staged_plan(p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
                         _group_tile_rows(p, device, vec, threads, device.warp_size,
-                                         bytes_per_thread=STAGED_WARP_BYTES_PER_THREAD), vec, device.warp_size)
+                                         bytes_per_thread=STAGED_WARP_BYTES_PER_THREAD), vec, device.warp_size,
+                        blocks_per_sm=blocks_per_sm)
 
 
 def _tile_stride(p: RowProblem, vec: int, row_shift: int) -> int:
@@ -796,7 +832,7 @@ def staged_bank_ways(p: RowProblem, lanes: int, stride: int | None = None, inter
     return worst
 
 
-def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
+def _plan_staged_groups(p: RowProblem, device: DeviceProfile, blocks_per_sm: float | None = None) -> Plan | None:
     """Contiguous rows staged through shared memory a group of lanes a row (see STAGED_GROUPS), or None."""
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
@@ -806,16 +842,17 @@ def _plan_staged_groups(p: RowProblem, device: DeviceProfile) -> Plan | None:
         return None
     the_plan = None
     if row_bytes > STAGED_SHORT_ROW_BYTES or (row_bytes > STAGED_GROUP_SHORT_MIN_ROW_BYTES and row_bytes % 8 == 0):
-        the_plan = _plan_groups_at(p, device, vec, -1)
+        the_plan = _plan_groups_at(p, device, vec, -1, blocks_per_sm)
     row_slots = row_bytes // 16
     padded_max = STAGED_GROUP_PADDED_MAX_ROW_BYTES.get(itemsize, 0)
     if (the_plan is None and STAGED_GROUP_PADDED_MIN_ROW_BYTES < row_bytes <= padded_max
             and p.x_misalign == 0 and row_bytes % 16 == 0 and row_slots & (row_slots - 1) == 0):
-        the_plan = _plan_groups_at(p, device, vec, row_slots.bit_length() - 1)
+        the_plan = _plan_groups_at(p, device, vec, row_slots.bit_length() - 1, blocks_per_sm)
     return the_plan
 
 
-def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: int) -> Plan | None:
+def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: int,
+                    blocks_per_sm: float | None = None) -> Plan | None:
     """The staged group plan with the fewest lanes that qualify, for rows padded by a slot in the
     tile where row_shift >= 0, or None."""
     itemsize = V.DTYPES[p.dtype][2]
@@ -839,7 +876,7 @@ def _plan_groups_at(p: RowProblem, device: DeviceProfile, vec: int, row_shift: i
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
         return _staged_plan(p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,
-                            tile_rows, vec, lanes, row_shift, interleave)
+                            tile_rows, vec, lanes, row_shift, interleave, blocks_per_sm)
     return None
 
 
@@ -1151,13 +1188,17 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         return Plan("empty", ())
     unstaged = _unstaged(p) or _group_rows_unstaged(p, device)
     staged = None  # a staged plan of few tiles: taken only where the tiers below do not qualify
+    kept = None  # ... and the launch it is taken as (its tiles cut smaller, FEW_TILES_BLOCKS_PER_SM)
     for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
         if unstaged and tier is not _plan_packed:
             continue
         the_plan = tier(p, device)
         if the_plan is not None:
-            if the_plan.tier == "packed" or not _few_tiles(the_plan, p, device, STAGED_MIN_TILES_PER_SM):
+            if the_plan.tier == "packed":
                 return the_plan
+            kept = _smaller_tiles(tier, the_plan, p, device)
+            if not _few_tiles(the_plan, p, device, STAGED_MIN_TILES_PER_SM):
+                return kept
             staged = the_plan
             break
     warp = device.warp_size
@@ -1173,7 +1214,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         # the fill test: lanes of two or more 16-byte vectors (scalar slots and one vector a lane pass)
         warp_slots = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots
         if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / warp_slots)):
-            return staged
+            return kept
     if variant is not None:
         variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant), unstaged)
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
@@ -1215,10 +1256,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         threads = the_plan.launches[0].block
         if staged is not None and threads == warp and not _one_warp_gives_way(
                 staged, p, device, slots / (warp * ceil(slots / warp))):
-            return staged
+            return kept
         return the_plan
     if staged is not None:
-        return staged
+        return kept
 
     if CLUSTER_SPLIT and has_clusters(device):
         clustered = _plan_cluster(p, device, vec, slots, static_bytes, row_args)

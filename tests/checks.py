@@ -22,7 +22,7 @@ OPS = ("softmax", "log_softmax")
 SMALL_INPUT_RULES = {name: getattr(planner, name)
                      for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES", "SMALL_INPUT_GROUP_BYTES",
                                   "SMALL_INPUT_BLOCK_BYTES", "STAGED_MIN_TILES_PER_SM",
-                                  "STAGED_MIN_TILES_PER_SM_ONE_WARP",
+                                  "STAGED_MIN_TILES_PER_SM_ONE_WARP", "FEW_TILES_BLOCKS_PER_SM",
                                   "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_ONE_ROW_GROUP_WAVES")}
 
 

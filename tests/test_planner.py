@@ -994,6 +994,7 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
     under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles, and where a one-warp block, or a lane of two or
     more vectors, is filled to FEW_TILES_MIN_FILL. Every other plan stays as it was."""
     set_small_input_rules(monkeypatch, True)
+    monkeypatch.setattr(planner, "FEW_TILES_BLOCKS_PER_SM", 0.0)  # the staged plans kept: as they were
     warp = device.warp_size
     threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"]
     moved = collections.Counter()
@@ -1049,3 +1050,50 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
         # float32 rows on scalar slots under 6 tiles (80 columns at 9 MiB: 3.5), not from 6 (100 at 14 MiB: 8.7)
         assert plan(RowProblem("float32", "softmax", 29491, 80), device).tier == "warp"
         assert plan(RowProblem("float32", "softmax", 36700, 100), device).tier == "staged_group"
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_few_staged_tiles_cut_smaller(monkeypatch, device):
+    """A staged plan that stays on the staged tiers with fewer than STAGED_MIN_TILES_PER_SM tiles a
+    multiprocessor, of an input of FEW_TILES_SMALLER_MIN_BYTES or more, keeps its tier and kernel but
+    cuts its tiles toward FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor (down to a row a thread or
+    lane group a step). Every other plan stays as it was."""
+    set_small_input_rules(monkeypatch, True)
+    threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"] * device.multiprocessors
+    wanted = ceil(SMALL_INPUT_RULES["FEW_TILES_BLOCKS_PER_SM"] * device.multiprocessors)
+    cut = collections.Counter()
+    for dtype, mib, cols in itertools.product(("float32", "float16"), (1, 2, 4, 9, 16, 24, 40),
+                                              (5, 9, 13, 20, 48, 100, 130, 200, 300, 513)):
+        itemsize = V.DTYPES[dtype][2]
+        rows = (mib << 20) // (cols * itemsize)
+        problem = RowProblem(dtype, "softmax", rows, cols)
+        before, after = _plans_with_and_without(monkeypatch, "FEW_TILES_BLOCKS_PER_SM", problem, device)
+        what = (dtype, rows, cols, before.tier, after.tier)
+        few = (before.tier in STAGED_TIERS and ceil(rows / before.notes["tile_rows"]) < threshold
+               and rows * cols * itemsize >= planner.FEW_TILES_SMALLER_MIN_BYTES)
+        if not few:
+            assert after == before, what
+            continue
+        (first,), (second,) = before.launches, after.launches
+        assert (after.tier, second.kernel, second.args[:4]) == (before.tier, first.kernel, first.args[:4]), what
+        tile_rows, lanes = after.notes["tile_rows"], after.notes["lanes"]
+        if tile_rows == before.notes["tile_rows"]:  # already a row a thread or group a step
+            assert (after, tile_rows) == (before, min(rows, first.block // lanes)), what
+            continue
+        cut[after.tier] += 1
+        assert tile_rows < before.notes["tile_rows"] and second.grid > first.grid, what
+        # as many tiles as `wanted` asks, in whole rows a thread or group a step, or a row each a step
+        groups = second.block // lanes
+        assert tile_rows in (ceil(ceil(rows / wanted) / groups) * groups, min(rows, groups)), what
+    if has_async_copy(device):
+        assert cut["staged"] >= 5 and cut["staged_group"] >= 3, cut
+    else:
+        assert cut["staged"] >= 5, cut
+    if device is PROFILES["h100"]:
+        # float32 262144x9 at 9 MiB: 3.9 -> 15.5 tiles a multiprocessor; float16 9198x513: 4.4 -> 8.7
+        assert plan(RowProblem("float32", "softmax", 262144, 9), device).notes["tile_rows"] == 128
+        assert plan(RowProblem("float16", "softmax", 9198, 513), device).notes["tile_rows"] == 8
+        # under FEW_TILES_SMALLER_MIN_BYTES (float16 52428x10, 1 MiB), and from 8 tiles on (float32
+        # 748982x7 at 20 MiB: 8.9), as they were
+        assert plan(RowProblem("float16", "softmax", 52428, 10), device).notes["tile_rows"] == 128
+        assert plan(RowProblem("float32", "softmax", 748982, 7), device).notes["tile_rows"] == 640
