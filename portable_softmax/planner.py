@@ -1094,6 +1094,19 @@ CACHED_THREADS_BY_ITEMSIZE = {4: 384}
 #: 2026-11-27: means +1, -1, -5 over 69 shapes), where the same plan read 10-20 points apart
 #: between variants of one spec.
 SPLIT_MIN_CHUNKS_PER_SM = 2
+#: rows of the on-chip split that take more than one and at most this many rounds of its resident
+#: grid (grid / chunks rows a round), of these element sizes, are cut into more, smaller chunks so
+#: that each round takes as many rows, in as many blocks (0: off). With the last round a third to
+#: nine tenths full, the first round's loads and the last one's stores, which nothing overlaps,
+#: are longer than they need be. Measured (tools/ab_bench.py, same process, the better of two runs,
+#: % of the copy, softmax and log_softmax, 2026-11-27): float32 rows of 50257-262144 columns at
+#: 36-64 MiB, H200 +2.1 on average over 22 shapes (worst -1; 81x128256 80-83 -> 85-87, 88x190000
+#: 85-87 -> 87-91), then +2.3 over 32 others (19 by more than 2, 2 slower by 2.5-3); H100 +2.0 over
+#: 55 (27 by more than 2; 76x150000 87-92 -> 95-96, 163x90000 92-93 -> 97-101; 125x100000 97-99 ->
+#: 93-95, 160x72000 -2.5). From 1.78 rounds on, and 16-bit rows, level to 7 slower (an even third
+#: round where the last took a few rows: float32 333x50257 88-90 -> 84-87 on the H200).
+SPLIT_EVEN_ROUNDS_MOST = 1.65
+SPLIT_EVEN_ROUNDS_ITEMSIZES = (4,)
 #: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the on-chip
 #: split whose chunks are held partly in registers (split_cached_registers), where copies are
 #: asynchronous; dtypes not listed keep the whole chunk in shared memory. The pairs built
@@ -1114,8 +1127,12 @@ SPLIT_REGISTERS_THREADS = V.LAUNCH_BOUND_THREADS["cached_registers"]  # the kern
 #: chunks in shared memory (4 blocks of 384 threads): float32 128x131072 77-79 -> 83-84, 64x262144
 #: 76-78 -> 80-82, 88x190000 82-83 -> 85-86, 130x128256 86-89 -> 88-91, 100x100000 81-83 -> 84-86;
 #: 16-bit rows (3 held slots, 5 blocks of 256 threads against 5 of 256) 3 slower to 3 faster
-#: (float16 96x262144 72-76 -> 72-76, 100x190000 78-82 -> 79-84), so float32 only.
-SPLIT_REGISTERS_FULL_GRID: tuple[int, ...] = (4,)
+#: (float16 96x262144 72-76 -> 72-76, 100x190000 78-82 -> 79-84). Then on 13-14 shapes of 16-bit
+#: rows of 131072-262144 columns at 36-64 MiB (2026-11-27, the better of two runs): H200 +3.0 on
+#: average (9 by more than 2; 80x262144 67-70 -> 75-76, 125x150000 75-79 -> 79-83), H100 +1.9 (5 by
+#: more than 2; bfloat16 125x150000 82-86 -> 90-91, float16 80x262144 80-85 -> 87-88); 96x262144
+#: 2 slower on both, none slower by more.
+SPLIT_REGISTERS_FULL_GRID: tuple[int, ...] = (2, 4)
 
 
 def _cooperative_grid(device: DeviceProfile, threads: int, shared_per_block: int, jobs: int, chunks: int,
@@ -1330,6 +1347,14 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(vec, itemsize))
         shared = max(0, chunk_slots - held) * vec * itemsize  # the chunk's first `held` slots: in registers
         grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks, per_multiprocessor)
+        rounds = p.rows / (grid // chunks)
+        if itemsize in SPLIT_EVEN_ROUNDS_ITEMSIZES and 1 < rounds <= SPLIT_EVEN_ROUNDS_MOST:
+            # rounds of as many rows each, in the same grid: more and smaller chunks
+            even = ceil(p.rows / ceil(rounds))
+            if grid // even > chunks:
+                chunk_slots, chunks = _split_evenly(slots, grid // even, _chunk_unit(vec, itemsize))
+                shared = max(0, chunk_slots - held) * vec * itemsize
+                grid = even * chunks
         if held:
             notes.update(held_slots=held)
         launch = Launch(kernel, grid, threads, shared,

@@ -493,6 +493,48 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
 
 
 @needs_cuda
+@pytest.mark.parametrize("held", [True, False])
+def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
+    """float32 rows that take one and a half rounds of the on-chip split's grid, cut into more
+    chunks so that both rounds take as many rows (SPLIT_EVEN_ROUNDS_MOST), with NaN, +inf and -inf
+    rows and whole chunks of -inf; held: each chunk's first slots in registers."""
+    from portable_softmax import api, planner
+
+    torch = _torch_cuda()
+    device = _probe.runtime("cuda").profile(0)
+    if held and not planner.has_async_copy(device):
+        pytest.skip(f"{device.arch} has no asynchronous copies: the split holds no slots in registers")
+    if not held:
+        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {})
+    planner.plan.cache_clear()
+    api._prepared.clear()
+    cols, committed = 50257, planner.SPLIT_EVEN_ROUNDS_MOST
+    try:
+        # the rows a round of the grid takes without the rule
+        monkeypatch.setattr(planner, "SPLIT_EVEN_ROUNDS_MOST", 0.0)
+        planner.plan.cache_clear()
+        probe = planner.plan(planner.RowProblem("float32", "softmax", 2 * device.multiprocessors, cols), device)
+        rows = probe.launches[0].grid // probe.notes["chunks"] * 3 // 2  # a round and a half of rows
+        monkeypatch.setattr(planner, "SPLIT_EVEN_ROUNDS_MOST", committed)
+        planner.plan.cache_clear()
+        host = random_input(rng, (rows, cols), "float32")
+        host[0, cols // 2] = np.nan
+        host[1, cols // 3] = np.inf
+        host[2, :] = -np.inf
+        host[rows - 1, : cols - 7] = -np.inf  # the second round: whole chunks of nothing but -inf
+        v = torch.from_numpy(host).to("cuda")
+        the_plan = _plan_of(v)
+        assert the_plan.tier == "cached" and ("held_slots" in the_plan.notes) == held, the_plan
+        assert the_plan.notes["chunks"] > probe.notes["chunks"], (the_plan, probe)
+        per_round = the_plan.launches[0].grid // the_plan.notes["chunks"]
+        assert per_round == -(-rows // 2), the_plan
+        _check_each_op(v, f"{rows}x{cols}")
+    finally:
+        planner.plan.cache_clear()
+        api._prepared.clear()
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype, cols, tier, padded", [("float32", 100, "staged_group", False),
                                                        ("float16", 120, "staged_group", False),
                                                        ("float16", 256, "staged_group", True),

@@ -458,9 +458,9 @@ def test_misaligned_input_and_output_fall_back_to_scalar_slots():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fill_the_grid(knobs, dtype):
     """Fewer rows than multiprocessors take the on-chip split with slots in registers where the
-    held form's chunks, as long as it makes them, are at least the blocks it keeps resident (float32
-    only: SPLIT_REGISTERS_FULL_GRID); fewer rows keep whole chunks in shared memory, cut small to
-    spread over the device."""
+    held form's chunks, as long as it makes them, are at least the blocks it keeps resident (the
+    element sizes of SPLIT_REGISTERS_FULL_GRID); fewer rows keep whole chunks in shared memory, cut
+    small to spread over the device."""
     device = PROFILES["h100"]
     itemsize = V.DTYPES[dtype][2]
     held_slots, blocks = planner.SPLIT_REGISTERS[itemsize]
@@ -482,6 +482,51 @@ def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fil
     # float32 rows of 262144 columns: 16 chunks of the held form each, so 42 rows fill 5 x 132 blocks
     assert ("held_slots" in plan(RowProblem("float32", "softmax", 42, cols), device).notes)
     assert ("held_slots" not in plan(RowProblem("float32", "softmax", 41, cols), device).notes)
+    # 16-bit rows too: 128 rows of 262144 columns make 10 held chunks each, 1280 >= 660
+    assert ("held_slots" in plan(RowProblem("bfloat16", "softmax", 128, cols), device).notes)
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_on_chip_split_rounds_take_as_many_rows_each(monkeypatch, device):
+    """Rows of SPLIT_EVEN_ROUNDS_ITEMSIZES that take more than one and at most SPLIT_EVEN_ROUNDS_MOST
+    rounds of the on-chip split's grid are cut into more chunks, so that every round takes as many
+    rows in at most as many blocks; every other plan stays as it was."""
+    evened = 0
+    for dtype, cols, mib in itertools.product(("float32", "bfloat16"), (50257, 65536, 100000, 131072, 262144),
+                                              (5, 6, 7, 24, 40, 48, 56, 64, 96, 128)):
+        itemsize = V.DTYPES[dtype][2]
+        rows = (mib << 20) // (cols * itemsize)
+        problem = RowProblem(dtype, "softmax", rows, cols)
+        before, after = _plans_with_and_without(monkeypatch, "SPLIT_EVEN_ROUNDS_MOST", problem, device)
+        if before.tier != "cached":
+            assert after == before
+            continue
+        (first,), (second,) = before.launches, after.launches
+        rounds = rows / (first.grid // before.notes["chunks"])
+        if not (itemsize in planner.SPLIT_EVEN_ROUNDS_ITEMSIZES and 1 < rounds <= planner.SPLIT_EVEN_ROUNDS_MOST):
+            assert after == before, (dtype, rows, cols, rounds)
+            continue
+        even = ceil(rows / ceil(rounds))
+        if after == before:  # the grid holds no more chunks of `even` rows
+            assert first.grid // even <= before.notes["chunks"]
+            continue
+        evened += 1
+        assert (second.kernel, second.block) == (first.kernel, first.block)
+        assert after.notes["chunks"] > before.notes["chunks"] and second.grid == even * after.notes["chunks"]
+        assert second.grid <= first.grid and second.shared_mem < first.shared_mem
+        assert after.notes["chunks"] * after.notes["chunk_slots"] >= after.notes["slots"]
+        assert ceil(rows / (second.grid // after.notes["chunks"])) == ceil(rounds)  # as many rounds
+    assert evened >= 5, evened
+    if device is PROFILES["h100"]:
+        # float32 256x65536 (64 MiB): 165 rows of 4 chunks a round (1.55 rounds) -> 128 rows of 5
+        p = plan(RowProblem("float32", "softmax", 256, 65536), device)
+        assert (p.launches[0].grid, p.notes["chunks"]) == (640, 5)
+        # 333x50257: 2.02 rounds, as it was
+        p = plan(RowProblem("float32", "softmax", 333, 50257), device)
+        assert (p.launches[0].grid, p.notes["chunks"]) == (660, 4)
+        # 16-bit rows as they were: bfloat16 160x131072, 132 rows of 5 chunks a round (1.21 rounds)
+        p = plan(RowProblem("bfloat16", "softmax", 160, 131072), device)
+        assert (p.launches[0].grid, p.notes["chunks"]) == (660, 5)
 
 
 def test_the_split_scratch_needs_no_fill_and_the_on_chip_split_leaves_its_own_zero():
