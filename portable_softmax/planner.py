@@ -12,6 +12,7 @@ profiles (an NVIDIA H100, an AMD MI300X at warp 64, an RDNA3 card at warp 32).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from math import ceil, lcm
@@ -576,9 +577,11 @@ FEW_TILES_SHORT_ROW_ITEMSIZES = (4,)
 #: 6-8 tiles and past 16 MiB (worst 5 slower, bfloat16 120328x122 at 28 MiB), +6 at 2-8 MiB, but
 #: level to 6 slower at 0.5-1 MiB. 8 blocks a multiprocessor gained less (+0 to +7 on average), 32
 #: as much or less. Then on 125 other shapes (1.25-36 MiB; the better of two runs): staged groups
-#: +10 to +15 on average, 16-bit rows of 320 columns at 9-20 MiB 82-91 -> 94-110, 16-bit 13 columns
+#: +10 to +15 on average, 16-bit rows of 320 columns at 9-20 MiB 82-91 -> 93-110, 16-bit 13 columns
 #: at 10-13 MiB 87-101 -> 94-116; at 1.25 MiB level (+0 to +1, 6 slower to 9 faster), at 1.5-1.75
-#: MiB 16-bit +5 to +6 but float32 level (-0.4 to +1.6): so from 2 MiB.
+#: MiB 16-bit +5 to +6 but float32 level (-0.4 to +1.6): so from 2 MiB. On an H200, the 335 shapes
+#: of both lists from 2 MiB: +6.7 on average, 202 by more than 2, 7 slower by 2.5-4 (H100: +8.1,
+#: 222, one slower by 5.5).
 FEW_TILES_BLOCKS_PER_SM = 16.0
 FEW_TILES_SMALLER_MIN_BYTES = 2 << 20
 
@@ -592,7 +595,7 @@ def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float)
     return rows_taken and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
 
 
-def _smaller_tiles(tier, staged: Plan, p: RowProblem, device: DeviceProfile) -> Plan:
+def _smaller_tiles(tier: Callable[..., Plan | None], staged: Plan, p: RowProblem, device: DeviceProfile) -> Plan:
     """The staged plan as it is taken: planned again by `tier` with its tiles cut for a grid of
     FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor where it covers the rows in fewer than
     STAGED_MIN_TILES_PER_SM tiles a multiprocessor (inputs of FEW_TILES_SMALLER_MIN_BYTES or more)."""
@@ -600,7 +603,7 @@ def _smaller_tiles(tier, staged: Plan, p: RowProblem, device: DeviceProfile) -> 
     if (not FEW_TILES_BLOCKS_PER_SM or tiles >= STAGED_MIN_TILES_PER_SM * device.multiprocessors
             or p.rows * p.cols * V.DTYPES[p.dtype][2] < FEW_TILES_SMALLER_MIN_BYTES):
         return staged
-    return tier(p, device, FEW_TILES_BLOCKS_PER_SM)
+    return tier(p, device, FEW_TILES_BLOCKS_PER_SM) or staged  # the same tier: it plans the rows again
 
 
 def _one_warp_gives_way(staged: Plan, p: RowProblem, device: DeviceProfile, fill: float) -> bool:
@@ -1100,11 +1103,11 @@ SPLIT_MIN_CHUNKS_PER_SM = 2
 #: nine tenths full, the first round's loads and the last one's stores, which nothing overlaps,
 #: are longer than they need be. Measured (tools/ab_bench.py, same process, the better of two runs,
 #: % of the copy, softmax and log_softmax, 2026-11-27): float32 rows of 50257-262144 columns at
-#: 36-64 MiB, H200 +2.1 on average over 22 shapes (worst -1; 81x128256 80-83 -> 85-87, 88x190000
+#: 36-64 MiB, H200 +2.1 on average over 23 shapes (worst -1; 81x128256 80-83 -> 84-87, 88x190000
 #: 85-87 -> 87-91), then +2.3 over 32 others (19 by more than 2, 2 slower by 2.5-3); H100 +2.0 over
-#: 55 (27 by more than 2; 76x150000 87-92 -> 95-96, 163x90000 92-93 -> 97-101; 125x100000 97-99 ->
+#: 55 (27 by more than 2; 76x150000 87-92 -> 95-96, 163x90000 92-93 -> 97-101; 125x100000 95-99 ->
 #: 93-95, 160x72000 -2.5). From 1.78 rounds on, and 16-bit rows, level to 7 slower (an even third
-#: round where the last took a few rows: float32 333x50257 88-90 -> 84-87 on the H200).
+#: round where the last took a few rows: float32 333x50257 88-90 -> 83-87 on the H200).
 SPLIT_EVEN_ROUNDS_MOST = 1.65
 SPLIT_EVEN_ROUNDS_ITEMSIZES = (4,)
 #: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the on-chip
