@@ -1002,7 +1002,8 @@ BLOCK_TIER_SLOTS_PER_THREAD = 8
 #: values queued behind a sleep: 8 slots (128 threads) 5.0 us, 4: 4.0, 2 (512 threads): 3.7, against
 #: torch.softmax's 3.8.
 BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD = 2
-#: slots a thread of the block tier for inputs under SMALL_INPUT_BLOCK_BYTES, and for the rows
+#: slots a thread of the block tier for inputs under SMALL_INPUT_BLOCK_BYTES (by element size,
+#: SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE), and for the rows
 #: that STAGED_MIN_TILES_PER_SM moves there: more warps to blocks of which a multiprocessor holds
 #: at most 32, where few rows a multiprocessor leave few blocks to overlap. But rows of up to
 #: SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD slots a lane of one warp keep one warp (no reduction
@@ -1015,6 +1016,14 @@ BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD = 2
 #: slots (1344-1520 columns +1 to +4), three against two for 2100-2200 columns +4 to +12.
 SMALL_INPUT_BLOCK_SLOTS_PER_THREAD = 4
 SMALL_INPUT_BLOCK_BYTES = 8 << 20
+#: ... by element size where it differs: 16-bit inputs under 16 MiB. Measured (same process, the
+#: better of two runs, % of the copy, softmax and log_softmax, 2026-11-27), 16-bit block-tier rows
+#: of 4096-24000 columns: on an H200 at 9 and 12 MiB +5.6 to +5.8 on average over 36 shapes (none
+#: slower; float16 1152x4096 81 -> 90-91), at 16 MiB +2.7 (-3.5 to +8.5), from 24 MiB level to 5
+#: slower; then on an H100, 158 shapes at 8.5-15.9 MiB (4500, 9000, 11000 and 14000 columns, and
+#: every size but 9 and 12 MiB, new), +4.6 on average in each of two calls, 129 by more than 2,
+#: none slower by more than 2 (float16 667x11000 99 -> 108-109). float32 rows lost 1-8 from 12 MiB.
+SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE = {2: 16 << 20}
 SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD = 5
 
 
@@ -1264,7 +1273,8 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         BLOCK_TIER_MIN_WARPS and BLOCK_TIER_MAX_THREADS."""
         per_thread = BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD if few_rows else BLOCK_TIER_SLOTS_PER_THREAD
         warps = ceil(slots / per_thread / warp)
-        if not few_rows and (staged is not None or p.rows * p.cols * itemsize < SMALL_INPUT_BLOCK_BYTES):
+        small_bytes = SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE.get(itemsize, SMALL_INPUT_BLOCK_BYTES)
+        if not few_rows and (staged is not None or p.rows * p.cols * itemsize < small_bytes):
             warps = _small_input_block_warps(slots, warp)
         threads = min(device.max_threads_per_block, BLOCK_TIER_MAX_THREADS, max(BLOCK_TIER_MIN_WARPS, warps) * warp)
         launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,

@@ -21,7 +21,8 @@ OPS = ("softmax", "log_softmax")
 #: tiers larger inputs take turn them off)
 SMALL_INPUT_RULES = {name: getattr(planner, name)
                      for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES", "SMALL_INPUT_GROUP_BYTES",
-                                  "SMALL_INPUT_BLOCK_BYTES", "STAGED_MIN_TILES_PER_SM",
+                                  "SMALL_INPUT_BLOCK_BYTES", "SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE",
+                                  "STAGED_MIN_TILES_PER_SM",
                                   "STAGED_MIN_TILES_PER_SM_ONE_WARP", "FEW_TILES_BLOCKS_PER_SM",
                                   "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_ONE_ROW_GROUP_WAVES")}
 
@@ -29,7 +30,7 @@ SMALL_INPUT_RULES = {name: getattr(planner, name)
 def set_small_input_rules(monkeypatch, on: bool) -> None:
     """The planner's small-input rules as committed (on) or off, its cached plans dropped."""
     for name, value in SMALL_INPUT_RULES.items():
-        monkeypatch.setattr(planner, name, value if on else type(value)(0))
+        monkeypatch.setattr(planner, name, value if on else type(value)())  # off: 0, or no entries
     plan.cache_clear()
 
 

@@ -806,12 +806,15 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
     slot a lane, skip the staged tiers; inputs whose grid would fall short of
     SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor take smaller tiles or blocks (never fewer
-    blocks), but for the block tier's, which under SMALL_INPUT_BLOCK_BYTES take the warps of
+    blocks), but for the block tier's, which under SMALL_INPUT_BLOCK_BYTES (by element size,
+    SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE) take the warps of
     _small_input_block_warps; the rest plan exactly as without the rules. (The few-tiles rule that
     extends them is off here: test_few_staged_tiles_give_way.)"""
     itemsize = V.DTYPES[dtype][2]
     wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
     limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
+    block_limit = SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE"].get(
+        itemsize, SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"])
     spread = 0
     sizes = (64 << 10, 1 << 20, limit - (1 << 20), limit, 12 << 20, 64 << 20)
     for cols, nbytes in itertools.product(SMALL_INPUT_COLS, sizes):
@@ -829,14 +832,14 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         if unstaged:
             assert after.tier not in STAGED_TIERS, what
         elif before.launches[0].grid >= wanted and not (
-                before.tier == "block" and rows * cols * itemsize < SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"]
+                before.tier == "block" and rows * cols * itemsize < block_limit
                 and rows >= device.multiprocessors):
             assert after == before, what
             continue
         if after.tier != before.tier:
             continue
         (b,), (a,) = before.launches, after.launches
-        small_block = rows * cols * itemsize < SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"]
+        small_block = rows * cols * itemsize < block_limit
         if after.tier == "block" and small_block and rows >= device.multiprocessors:  # fewer: few_rows' threads
             warps = planner._small_input_block_warps(after.notes["slots"], device.warp_size)
             assert a.grid == b.grid and a.block == min(warps * device.warp_size, planner.BLOCK_TIER_MAX_THREADS), what
@@ -857,6 +860,11 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
                 after.tier in STAGED_TIERS and after.notes["tile_rows"] == a.block // after.notes["lanes"])
             assert a.grid >= min(wanted // 2, rows) or smallest, what
     assert spread >= 4, "the rules changed too few plans to be tested"
+    if device is PROFILES["h100"] and dtype == "float16":
+        # 16-bit block-tier inputs under 16 MiB: 4 slots a thread (1152x4096 at 9 MiB: 512 slots, 128
+        # threads); at 16 MiB the usual 8 (64 threads)
+        assert plan(RowProblem("float16", "softmax", 1152, 4096), device).launches[0].block == 128
+        assert plan(RowProblem("float16", "softmax", 2048, 4096), device).launches[0].block == 64
 
 
 def _warp_variant_of(plan_: Plan, problem: RowProblem, device) -> V.WarpVariant:
