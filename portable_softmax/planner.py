@@ -1022,7 +1022,8 @@ SMALL_INPUT_BLOCK_BYTES = 8 << 20
 #: slower; float16 1152x4096 81 -> 90-91), at 16 MiB +2.7 (-3.5 to +8.5), from 24 MiB level to 5
 #: slower; then on an H100, 158 shapes at 8.5-15.9 MiB (4500, 9000, 11000 and 14000 columns, and
 #: every size but 9 and 12 MiB, new), +4.6 on average in each of two calls, 129 by more than 2,
-#: none slower by more than 2 (float16 667x11000 99 -> 108-109). float32 rows lost 1-8 from 12 MiB.
+#: none slower by more than 2 (float16 667x11000 99 -> 108-109). float32 rows (H200) level at 12
+#: MiB, 2-4 slower on average from 16 MiB.
 SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE = {2: 16 << 20}
 SMALL_INPUT_BLOCK_ONE_WARP_SLOTS_PER_THREAD = 5
 
