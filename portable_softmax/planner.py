@@ -586,21 +586,25 @@ FEW_TILES_BLOCKS_PER_SM = 16.0
 FEW_TILES_SMALLER_MIN_BYTES = 2 << 20
 
 
+def _under_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
+    """Whether this staged plan covers the rows in fewer than `least` tiles a multiprocessor."""
+    return ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
+
+
 def _few_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
     """Whether this staged plan covers rows longer than a 16-byte vector a lane of a warp (or the
     shorter rows of FEW_TILES_SHORT_ROW_ITEMSIZES) in fewer than `least` tiles a multiprocessor."""
     itemsize = V.DTYPES[p.dtype][2]
     rows_taken = p.cols * itemsize > 16 * device.warp_size or (
         itemsize in FEW_TILES_SHORT_ROW_ITEMSIZES and p.cols >= SMALL_INPUT_UNSTAGED_MIN_COLS)
-    return rows_taken and ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
+    return rows_taken and _under_tiles(staged, p, device, least)
 
 
 def _smaller_tiles(tier: Callable[..., Plan | None], staged: Plan, p: RowProblem, device: DeviceProfile) -> Plan:
     """The staged plan as it is taken: planned again by `tier` with its tiles cut for a grid of
     FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor where it covers the rows in fewer than
     STAGED_MIN_TILES_PER_SM tiles a multiprocessor (inputs of FEW_TILES_SMALLER_MIN_BYTES or more)."""
-    tiles = ceil(p.rows / staged.notes["tile_rows"])
-    if (not FEW_TILES_BLOCKS_PER_SM or tiles >= STAGED_MIN_TILES_PER_SM * device.multiprocessors
+    if (not FEW_TILES_BLOCKS_PER_SM or not _under_tiles(staged, p, device, STAGED_MIN_TILES_PER_SM)
             or p.rows * p.cols * V.DTYPES[p.dtype][2] < FEW_TILES_SMALLER_MIN_BYTES):
         return staged
     return tier(p, device, FEW_TILES_BLOCKS_PER_SM) or staged  # the same tier: it plans the rows again
@@ -1217,8 +1221,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     if p.rows <= 0 or p.cols <= 0:
         return Plan("empty", ())
     unstaged = _unstaged(p) or _group_rows_unstaged(p, device)
-    staged = None  # a staged plan of few tiles: taken only where the tiers below do not qualify
-    kept = None  # ... and the launch it is taken as (its tiles cut smaller, FEW_TILES_BLOCKS_PER_SM)
+    staged = staged_tier = None  # a staged plan of few tiles: taken only where the tiers below do not qualify
     for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
         if unstaged and tier is not _plan_packed:
             continue
@@ -1226,11 +1229,14 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         if the_plan is not None:
             if the_plan.tier == "packed":
                 return the_plan
-            kept = _smaller_tiles(tier, the_plan, p, device)
             if not _few_tiles(the_plan, p, device, STAGED_MIN_TILES_PER_SM):
-                return kept
-            staged = the_plan
+                return _smaller_tiles(tier, the_plan, p, device)
+            staged, staged_tier = the_plan, tier
             break
+
+    def staged_taken() -> Plan:
+        """The staged plan of few tiles, as it is taken where no tier below takes its rows."""
+        return _smaller_tiles(staged_tier, staged, p, device)
     warp = device.warp_size
     vec = register_vec(p, warp)
     slots = slots_needed(p, vec)
@@ -1244,7 +1250,7 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         # the fill test: lanes of two or more 16-byte vectors (scalar slots and one vector a lane pass)
         warp_slots = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots
         if not (_whole_slot_rows(p, vec) and _one_warp_gives_way(staged, p, device, slots / warp_slots)):
-            return kept
+            return staged_taken()
     if variant is not None:
         variant = _one_row_groups(p, device, _one_row_a_warp(p, device, vec, slots, variant), unstaged)
         threads = max(V.WARP_TIER_THREADS, 2 * warp)
@@ -1287,10 +1293,10 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
         threads = the_plan.launches[0].block
         if staged is not None and threads == warp and not _one_warp_gives_way(
                 staged, p, device, slots / (warp * ceil(slots / warp))):
-            return kept
+            return staged_taken()
         return the_plan
     if staged is not None:
-        return kept
+        return staged_taken()
 
     if CLUSTER_SPLIT and has_clusters(device):
         clustered = _plan_cluster(p, device, vec, slots, static_bytes, row_args)
@@ -1358,17 +1364,23 @@ def _plan_rows(p: RowProblem, device: DeviceProfile) -> Plan:
     chunks = max(ceil(slots / chunk_cap),
                  min(ceil(SPLIT_MIN_CHUNKS_PER_SM * device.multiprocessors / p.rows), ceil(slots / threads)))
     if chunks <= device.multiprocessors:
-        chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(vec, itemsize))
-        shared = max(0, chunk_slots - held) * vec * itemsize  # the chunk's first `held` slots: in registers
-        grid = _cooperative_grid(device, threads, shared + static_bytes, p.rows, chunks, per_multiprocessor)
+        unit = _chunk_unit(vec, itemsize)
+
+        def chunk_bytes(chunk_slots: int) -> int:
+            """Shared memory of a chunk: its first `held` slots are in registers."""
+            return max(0, chunk_slots - held) * vec * itemsize
+
+        chunk_slots, chunks = _split_evenly(slots, chunks, unit)
+        grid = _cooperative_grid(device, threads, chunk_bytes(chunk_slots) + static_bytes, p.rows, chunks,
+                                 per_multiprocessor)
         rounds = p.rows / (grid // chunks)
         if itemsize in SPLIT_EVEN_ROUNDS_ITEMSIZES and 1 < rounds <= SPLIT_EVEN_ROUNDS_MOST:
             # rounds of as many rows each, in the same grid: more and smaller chunks
             even = ceil(p.rows / ceil(rounds))
             if grid // even > chunks:
-                chunk_slots, chunks = _split_evenly(slots, grid // even, _chunk_unit(vec, itemsize))
-                shared = max(0, chunk_slots - held) * vec * itemsize
+                chunk_slots, chunks = _split_evenly(slots, grid // even, unit)
                 grid = even * chunks
+        shared = chunk_bytes(chunk_slots)
         if held:
             notes.update(held_slots=held)
         launch = Launch(kernel, grid, threads, shared,
