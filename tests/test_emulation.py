@@ -648,6 +648,47 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
             check(runtime, cols, f"held {held} blocks {blocks}, last chunk {last_chunk} slots")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_on_chip_split_of_values_far_from_zero(async_library, async_planner, monkeypatch, rng, dtype):
+    """16-bit chunks of the on-chip split take their exps as 2^(x log2(e) - h) (add_cached_two_pass),
+    h = m log2(e) rounded: rows of values far from 0, a few of the dtype's spacings apart, where that
+    rounding is 0.001-0.02 (outputs 1-3 ulps off unless the sum takes it out again); rows past 2^20,
+    which take exp(x - m) instead; and rows of ordinary values beside them. Both forms of the split
+    (chunks partly in registers, and wholly in shared memory), at warps 32 and 64."""
+    monkeypatch.setattr(planner, "ROW_REGISTERS", False)
+    monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", False)
+    # the largest value's log2(e) multiple rounds by 0.0039 (float16) and -0.020 (bfloat16) in float32
+    large, spacing = {"float16": (49888.0, 32.0), "bfloat16": (598016.0, 4096.0)}[dtype]
+    for held in (True, False):
+        monkeypatch.setattr(planner, "SPLIT_REGISTERS", planner.SPLIT_REGISTERS if held else {})
+        plan.cache_clear()
+        for warp in V.WARP_SIZES:
+            runtime = EmulatedRuntime(async_library, warp)
+            device = runtime.profile(0)
+            cols = 2048
+            while True:
+                the_plan = plan(RowProblem(dtype, "softmax", 64, cols), device)
+                notes = the_plan.notes
+                if the_plan.tier == "cached" and ("held_slots" in notes) == held and (
+                        not held or notes["chunk_slots"] > notes["held_slots"] + 64):  # a cache part too
+                    break
+                assert cols < 1 << 18, (warp, held, the_plan)
+                cols = cols * 5 // 4 + 8
+            assert the_plan.notes["chunks"] > 1, the_plan.notes
+            rows = 2 * (the_plan.launches[0].grid // the_plan.notes["chunks"]) + 3
+            x = (rng.standard_normal((rows, cols)) * 4.0).astype(np.float64)
+            x[0::3] = large + spacing * rng.integers(0, 4, (len(x[0::3]), cols))
+            x[1::3, : cols // 2] = large + spacing * rng.integers(0, 4, (len(x[1::3]), cols // 2))  # half the row
+            if dtype == "bfloat16":  # past 2^20 (float16 ends at 65504): exp(x - m)
+                x[2] = 3.0 * 2.0**21 + 2.0**15 * rng.integers(0, 4, cols)
+            x = x.astype(host_dtype(dtype))
+            assert float(x[0].astype(np.float64).max()) == large + 3 * spacing
+            for op, safe in OP_CASES:
+                problem = RowProblem(dtype, op, rows, cols, safe=safe)
+                got = runtime.run_plan(x, plan(problem, device), x_offset=0, y_offset=0)
+                assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} held={held}")
+
+
 #: inputs that the small-input rules plan differently: short rows in smaller staged tiles or
 #: blocks of fewer threads, packed and register-tier blocks of fewer warps, and rows of 16 or more
 #: columns sent from the staged tiers to the register and block tiers
