@@ -96,23 +96,14 @@ template <typename C> struct OnlineSum {
     C top = v[0];
 #pragma unroll
     for (int j = 1; j < N; ++j) top = ps_max_nan(top, v[j]);
-    if (top > m || top != top) {
-      const C scale = ps_exp(m - top);  // 0 while empty: exp(lowest - top) underflows
-      d *= scale;
-      carry *= scale;
-      m = top;
-    }
-    const ExpMinus<C> exp_minus(m);
-    C sum = C(0);
-#pragma unroll
-    for (int j = 0; j < N; ++j) sum += exp_minus(v[j]);
-    add(sum);
+    raise_to(top);
+    push_below<N>(v);
   }
   // The max rises to `top` (the largest of the values still to come), rescaling the sum once, so
   // that those values then add with no test (push_below).
   PS_DEVICE void raise_to(C top) {
     if (top > m || top != top) {
-      const C scale = ps_exp(m - top);
+      const C scale = ps_exp(m - top);  // 0 while empty: exp(lowest - top) underflows
       d *= scale;
       carry *= scale;
       m = top;
@@ -636,10 +627,10 @@ PS_DEVICE void add_cached_two_pass(OnlineSum<float>& acc, const Vec<T, VEC>* cac
   typedef Vec<T, 2> Pair;
   float top = ps_neg_inf<float>();
   if constexpr (PackedMax<T>::native) {
-    Pair lowest_pair;
-    lowest_pair.v[0] = lowest_pair.v[1] = from_compute<T>(ps_neg_inf<float>());
+    Pair neg_inf_pair;
+    neg_inf_pair.v[0] = neg_inf_pair.v[1] = from_compute<T>(ps_neg_inf<float>());
     unsigned top_bits;
-    memcpy(&top_bits, &lowest_pair, 4);
+    memcpy(&top_bits, &neg_inf_pair, 4);
     for (int j = j0; j < n; j += PS_BLOCK_DIM_X) {
       unsigned w[kWords];
       memcpy(w, &cache[j], sizeof(w));
