@@ -298,9 +298,12 @@ template <> struct ExpMinus<float> {
 // 2^(+-1/16) while |m| <= 2^20 (exp_shift_fits), so that the max's exp stays near 1. float16
 // values always fit; a NaN or infinite max gives what ExpMinus gives.
 struct ExpShifted {
+  static constexpr float kLog2e = 1.44269504088896341f;
   float h;
-  PS_DEVICE explicit ExpShifted(float m) : h(m * 1.44269504088896341f) {}
-  PS_DEVICE float operator()(float x) const { return PS_FAST_EXP2F(fmaf(x, 1.44269504088896341f, -h)); }
+  PS_DEVICE explicit ExpShifted(float m) : h(m * kLog2e) {}
+  PS_DEVICE float operator()(float x) const { return PS_FAST_EXP2F(fmaf(x, kLog2e, -h)); }
+  // The shared factor's exponent m log2(e) - h (h's rounding), exactly: one more multiply-add.
+  PS_DEVICE float shared_exponent(float m) const { return fmaf(m, kLog2e, -h); }
 };
 template <typename A, typename B> struct same_type { static const bool value = false; };
 template <typename A> struct same_type<A, A> { static const bool value = true; };

@@ -654,20 +654,18 @@ PS_DEVICE void add_cached_two_pass(OnlineSum<float>& acc, const Vec<T, VEC>* cac
   if (top == ps_neg_inf<float>()) return;  // every cached value is -inf (or there are none): exps of 0
   acc.raise_to(top);
   const float m = acc.m;
-  const float kLog2e = 1.44269504088896341f;
   if (m >= -1048576.0f && m <= 1048576.0f) {  // |m log2(e) - h| <= 1/16: no exp overflows (not NaN)
-    const float h = m * kLog2e;
-    const float h_rounding = fmaf(m, kLog2e, -h);  // m log2(e) - h, exactly
-    OnlineSum<float> shifted;                      // its compensated sum only
+    const ExpShifted exp_shifted(m);
+    OnlineSum<float> shifted;  // its compensated sum only
     for (int j = j0; j < n; j += PS_BLOCK_DIM_X) {
       float v[VEC];
       widen(cache[j], v);
       float sum = 0.0f;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) sum += PS_FAST_EXP2F(fmaf(v[e], kLog2e, -h));
+      for (int e = 0; e < VEC; ++e) sum += exp_shifted(v[e]);
       shifted.add(sum);
     }
-    acc.add((shifted.d - shifted.carry) * PS_FAST_EXP2F(-h_rounding));
+    acc.add((shifted.d - shifted.carry) * PS_FAST_EXP2F(-exp_shifted.shared_exponent(m)));
   } else {
     for (int j = j0; j < n; j += PS_BLOCK_DIM_X) {
       float v[VEC];
