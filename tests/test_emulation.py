@@ -460,7 +460,9 @@ def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
     12 warps of 32, or 6 of 64), on a device that allows it, with and without asynchronous copies:
     enough rows for three rounds of the grid and a partial fourth, so that blocks refill their caches;
     rows a multiple of 128 bytes long, and one vector longer, so that rows start at different
-    places in a line (a thread keeps its slots from row to row however its rows lie)."""
+    places in a line (a thread keeps its slots from row to row however its rows lie); and the
+    longer rows starting one element into a vector, so that the first chunk begins with a partial
+    slot (summed apart from the whole ones where the next row's sum is taken during the stores)."""
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp, multiprocessors=16, max_threads_per_block=1024,
@@ -470,16 +472,18 @@ def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
         while cols < 1 << 17 and plan(RowProblem("float32", "softmax", 64, cols), device).tier != "cached":
             cols = cols * 5 // 4 + 1
         cols = cols // 32 * 32  # 128 bytes
-        for row_cols in (cols, cols + 4):
-            probe = plan(RowProblem("float32", "softmax", 64, row_cols), device)
+        for row_cols, offset in ((cols, 0), (cols + 4, 0), (cols + 4, 1)):
+            probe = plan(RowProblem("float32", "softmax", 64, row_cols, x_misalign=offset, y_misalign=offset), device)
             assert probe.tier == "cached" and probe.launches[0].block == 384, (warp, row_cols, probe)
+            assert probe.notes["vec"] == 4, probe.notes
             rows = 3 * (probe.launches[0].grid // probe.notes["chunks"]) + 2
             x = _inputs(rng, (rows, row_cols), "float32")
             for op, safe in OP_CASES:
-                the_plan = plan(RowProblem("float32", op, rows, row_cols, safe=safe), device)
-                got = runtime.run_plan(x, the_plan)
+                problem = RowProblem("float32", op, rows, row_cols, safe=safe, x_misalign=offset, y_misalign=offset)
+                the_plan = plan(problem, device)
+                got = runtime.run_plan(x, the_plan, x_offset=offset, y_offset=offset)
                 assert_close(got, x, 1, op, safe,
-                             f"warp {warp} float32 {op} safe={safe} {x.shape} cached {the_plan.notes}")
+                             f"warp {warp} float32 {op} safe={safe} {x.shape} offset {offset} cached {the_plan.notes}")
 
 
 @pytest.mark.parametrize("copies", ["sync", "async"])
