@@ -620,7 +620,8 @@ template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
 // 16-bit long rows 6-8 points of the copy faster (bfloat16 512x131072 79-80 -> 86-87). The one-pass
 // form took 76 instructions a 16-byte slot, this one 49 (SASS, sm_90); measured (same process, %
 // of the copy): H200 16-bit split rows +1.0 to +1.5 on average (none slower by more than 2), H100
-// +0.3. What is left of the pass is its exps: 8 a slot on the quarter-rate special-function unit.
+// +0.3. Neither the exps' throughput nor the pass's latency holds it now (H200, level): one or two
+// of a slot's exps from a polynomial on the multiply-add pipe, or two to four slots a step.
 template <typename T, int VEC> constexpr bool kTwoPassChunk = sizeof(T) == 2 && VEC % 2 == 0;
 template <typename T, int VEC>
 PS_DEVICE void add_cached_two_pass(OnlineSum<float>& acc, const Vec<T, VEC>* cache, int j0, int n) {
