@@ -1,4 +1,5 @@
-"""The development tools that need no GPU: tools/plan_diff.py (which specs a planner variant changes)."""
+"""The development tools' parts that need no GPU: tools/plan_diff.py (which specs a planner variant
+changes) and tools/ab_builds.py's summary of an A/B table."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def test_plan_diff_lists_the_specs_a_rule_changes_and_restores_the_knobs(tools):
     changed = plan_diff.changed_specs(variants, specs, planner.DeviceProfile.h100(), defaults)
     assert changed == {("float32", "cached", 64.0): ["float32:256x65536"]}
     assert planner.SPLIT_EVEN_ROUNDS_MOST == committed
+
+
+def test_ab_builds_summary_compares_each_build_with_the_first_by_dtype(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    ab_builds = importlib.import_module("ab_builds")
+    table = {
+        ("float32", "8x8", -1, "softmax"): {"base": [80.0, 82.0], "new": [84.0, 83.0]},  # better runs: +2
+        ("float32", "8x8", -1, "log_softmax"): {"base": [90.0, 89.0], "new": [86.0, 87.0]},  # -3
+        ("float16", "8x8", -1, "softmax"): {"base": [70.0], "new": [70.5]},  # +0.5
+        ("float16", "4x4", -1, "softmax"): {"base": [70.0]},  # not measured by "new": left out
+    }
+    assert ab_builds.summary(table, ["base", "new"]) == [
+        "new - base float32: mean -0.50, -3.0 to +2.0, ahead on 1 of 2",
+        "new - base float16: mean +0.50, +0.5 to +0.5, ahead on 1 of 1",
+    ]

@@ -6,7 +6,8 @@ Each SRC (a checkout, or a `git archive` of a commit unpacked beside it) is buil
 into its own target and build directory; then `portable-softmax bench BENCH ARGS --json ...`
 runs once per build and run, interleaved (A B A B), from a directory where no checkout shadows
 the build. Prints one line per (dtype, shape, axis, op): each build's % of the copy in each run,
-then torch's. Figures from one machine session only: builds on different machines do not compare.
+then torch's, and after them each later build's difference from the first, by dtype. Figures from
+one machine session only: builds on different machines do not compare.
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def bench(target: Path, bench_args: list[str], json_path: Path, work: Path) -> l
     return json.loads(json_path.read_text())["results"]
 
 
+def summary(table: dict[tuple, dict[str, list[float]]], names: list[str]) -> list[str]:
+    """One line per later build and dtype: the mean, lowest and highest difference from the first
+    build over the rows both measured (the better run of each), and on how many rows it was ahead."""
+    lines = []
+    for name in names[1:]:
+        by_dtype: dict[str, list[float]] = {}
+        for key, cells in table.items():
+            if cells.get(names[0]) and cells.get(name):
+                by_dtype.setdefault(key[0], []).append(max(cells[name]) - max(cells[names[0]]))
+        for dtype, diffs in by_dtype.items():
+            ahead = sum(d > 0 for d in diffs)
+            lines.append(f"{name} - {names[0]} {dtype}: mean {sum(diffs) / len(diffs):+.2f}, "
+                         f"{min(diffs):+.1f} to {max(diffs):+.1f}, ahead on {ahead} of {len(diffs)}")
+    return lines
+
+
 def main() -> None:
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -93,6 +110,7 @@ def main() -> None:
         runs = " | ".join(" ".join(f"{v:5.1f}" for v in cells.get(name, [])) for name in targets)
         theirs = " ".join(f"{v:.0f}" for v in torch_pct.get(key, []))
         print(f"{key[0]} {key[1]} {key[2]} {key[3]} | {runs} | {theirs}", flush=True)
+    print("\n".join(summary(table, list(targets))))
 
 
 if __name__ == "__main__":
