@@ -615,7 +615,8 @@ template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
 // passes over shared memory: their max first (two values an instruction where the vendor has a
 // packed max), then their exps with no rescale test, each 2^(x log2(e) - h) in one multiply-add
 // (h = m log2(e) rounded; its rounding m log2(e) - h, exact from one more multiply-add, is taken
-// out of the sum once, so the sum is exp(x - m)'s as ExpMinus takes it). The split's blocks take
+// out of the sum once, so the sum is exp(x - m)'s as ExpMinus takes it) where the max allows it
+// (exp_shift_fits), else exp(x - m) (push_below). The split's blocks take
 // this pass with no loads of their own in flight: on an H200 a diagnostic build without its exps ran
 // 16-bit long rows 6-8 points of the copy faster (bfloat16 512x131072 79-80 -> 86-87). The one-pass
 // form took 76 instructions a 16-byte slot, this one 49 (SASS, sm_90); measured (same process, %
@@ -655,7 +656,7 @@ PS_DEVICE void add_cached_two_pass(OnlineSum<float>& acc, const Vec<T, VEC>* cac
   if (top == ps_neg_inf<float>()) return;  // every cached value is -inf (or there are none): exps of 0
   acc.raise_to(top);
   const float m = acc.m;
-  if (m >= -1048576.0f && m <= 1048576.0f) {  // |m log2(e) - h| <= 1/16: no exp overflows (not NaN)
+  if (exp_shift_fits<T>(m)) {
     const ExpShifted exp_shifted(m);
     OnlineSum<float> shifted;  // its compensated sum only
     for (int j = j0; j < n; j += PS_BLOCK_DIM_X) {

@@ -462,7 +462,7 @@ def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
     rows a multiple of 128 bytes long, and one vector longer, so that rows start at different
     places in a line (a thread keeps its slots from row to row however its rows lie); and the
     longer rows starting one element into a vector, so that the first chunk begins with a partial
-    slot (summed apart from the whole ones where the next row's sum is taken during the stores)."""
+    slot, which is read, refilled and stored apart from the whole ones."""
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp, multiprocessors=16, max_threads_per_block=1024,
