@@ -136,11 +136,19 @@ template <int width, typename C> PS_DEVICE MD<C> md_reduce_lanes(MD<C> md) {
   return md;
 }
 
-// Whole-block reduction: warps first, then the first warp over the warps'
-// results. Per-warp scratch is sized from WARP, not from a guess of it.
-template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
-  PS_SHARED C warp_m[1024 / WARP];
-  PS_SHARED C warp_d[1024 / WARP];
+// The block reductions' scratch, a pair a warp, sized from WARP, not from a guess of it (the
+// planner counts it beside the cache: static_bytes). One array for every reduction of a kernel.
+template <int WARP, typename C> struct WarpPairs {
+  PS_DEVICE static C* m() { PS_SHARED C warp_m[1024 / WARP]; return warp_m; }
+  PS_DEVICE static C* d() { PS_SHARED C warp_d[1024 / WARP]; return warp_d; }
+};
+
+// Whole-block reduction, final in warp 0 only (every lane of it): warps first, then the first
+// warp over the warps' results. One barrier; the caller passes another before the scratch is
+// written again.
+template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_to_first_warp(MD<C> md) {
+  C* warp_m = WarpPairs<WARP, C>::m();
+  C* warp_d = WarpPairs<WARP, C>::d();
   const int lane = PS_THREAD_X % WARP;
   const int warp = PS_THREAD_X / WARP;
   const int warps = PS_BLOCK_DIM_X / WARP;
@@ -150,13 +158,25 @@ template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
   if (warp == 0) {
     MD<C> part = md_identity<C>();
     if (lane < warps) { part.m = warp_m[lane]; part.d = warp_d[lane]; }
-    part = md_reduce_lanes<WARP>(part);
-    if (lane == 0) { warp_m[0] = part.m; warp_d[0] = part.d; }
+    md = md_reduce_lanes<WARP>(part);
   }
+  return md;  // in the other warps, their own warp's
+}
+
+// Every thread's copy of warp 0's (m, d) (lane 0 passes it), through the scratch.
+template <int WARP, typename C> PS_DEVICE MD<C> md_from_first_warp(MD<C> md) {
+  C* warp_m = WarpPairs<WARP, C>::m();
+  C* warp_d = WarpPairs<WARP, C>::d();
+  if (PS_THREAD_X == 0) { warp_m[0] = md.m; warp_d[0] = md.d; }
   PS_SYNC();
   MD<C> total = {warp_m[0], warp_d[0]};
   PS_SYNC();  // the scratch may be reused by the next reduction
   return total;
+}
+
+// Whole-block reduction; every thread ends with the total.
+template <int WARP, typename C> PS_DEVICE MD<C> md_reduce_block(MD<C> md) {
+  return md_from_first_warp<WARP>(md_reduce_to_first_warp<WARP>(md));
 }
 
 // ---- turning (m, d) into outputs ------------------------------------------
@@ -1506,11 +1526,15 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
 // in the cluster tier the same was level or a point slower, so it keeps store_from_cache.
 
 // One thread of a block counts the block's arrival and waits until `blocks` blocks have arrived;
-// writes made visible (fenced) before the arrival are visible to it after the wait.
-PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks) {
+// with `fence`, writes made visible (fenced) before the arrival are visible to it after the wait.
+// Without it (readers that poll each word until it lands, PublishedPairs' float pairs) the wait
+// ends sooner: the fence waits for every earlier write of the thread. Measured on an H200 (same
+// process, % of the copy): the on-chip split's long and few rows +1.0-1.3 on average, ahead on
+// 35 of 40 rows (bfloat16 256x262144 81 -> 82.6, float32 704x190000 90.5 -> 91.4).
+PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks, bool fence = true) {
   PS_ATOMIC_ADD(arrivals, 1u);
   while (PS_ATOMIC_ADD(arrivals, 0u) < (unsigned)blocks) PS_SPIN_PAUSE();
-  PS_THREAD_FENCE();
+  if (fence) PS_THREAD_FENCE();
 }
 
 // After the last row (or tile) a block takes, once it has read that row's pairs: the block counts
@@ -1574,17 +1598,25 @@ template <typename C> struct PublishedPairs {
   }
 };
 
-// The (m, d) of a whole row from its chunks' partials: publish this block's, wait for the row's
-// other chunks, merge them all. One thread waits on the count while the others sit at a barrier:
-// threads polling the other chunks' pairs directly measured 2-4 points slower on these rows.
+// The (m, d) of a whole row from its chunks' partials (`local`: this thread's, not yet reduced):
+// publish this block's, wait for the row's other chunks, merge them all. One thread waits on the
+// count while the others sit at a barrier: threads polling the other chunks' pairs directly
+// measured 2-4 points slower on these rows (H100), and warp 0's lanes polling them while its first
+// lane waits on the count 5-6 slower (H200). The block's pair and the row's total are reduced in
+// warp 0 alone (four barriers a row, where two block reductions took six and one between).
+// Measured on an H200 (same process, % of the copy), each against the form before it: +1.1-1.6
+// on average over long and few split rows, and +2.6-3.1 together with arrive_and_wait's fence
+// dropped for float pairs (ahead on 40 of 40 rows; bfloat16 512x131072 81 -> 84, float32 47x50257
+// 79 -> 84).
 // previous_row (or -1): the row these blocks took before, whose scratch this block clears here.
 template <int WARP, typename C>
-PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arrivals, i64 row, i64 chunk,
+PS_DEVICE MD<C> row_total_across_blocks(MD<C> local, C* partials, unsigned* arrivals, i64 row, i64 chunk,
                                         i64 chunks, i64 previous_row) {
   const PublishedPairs<C> pairs{partials};
+  const MD<C> part = md_reduce_to_first_warp<WARP>(local);
   if (PS_THREAD_X == 0) {
     pairs.publish(row * chunks + chunk, part);
-    arrive_and_wait(arrivals + row, chunks);
+    arrive_and_wait(arrivals + row, chunks, PublishedPairs<C>::kCounted);
     // Every block of this row has arrived, so each has read the previous row's pairs: this block's
     // pair of that row, and (chunk 0) its count, go back to zero.
     if (previous_row >= 0) {
@@ -1594,10 +1626,11 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> part, C* partials, unsigned* arriv
   }
   PS_SYNC();
   MD<C> md = md_identity<C>();
-  for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
-    md = md_combine(md, c == chunk ? part : pairs.read(row * chunks + c));
+  if (PS_THREAD_X < WARP) {
+    for (i64 c = PS_THREAD_X; c < chunks; c += WARP) md = md_combine(md, c == chunk ? part : pairs.read(row * chunks + c));
+    md = md_reduce_lanes<WARP>(md);
   }
-  return md_reduce_block<WARP>(md);
+  return md_from_first_warp<WARP>(md);
 }
 
 // HELD > 0 (split_cached_registers): a thread also holds HELD slots of its chunk in registers,
@@ -1637,7 +1670,7 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     } else {
       part = cache_chunk(rs, begin, end, cache, issued);
     }
-    const auto md = row_total_across_blocks<WARP>(md_reduce_block<WARP>(part), partials, arrivals, row, chunk, chunks,
+    const auto md = row_total_across_blocks<WARP>(part, partials, arrivals, row, chunk, chunks,
                                                   row >= rows_per_round ? row - rows_per_round : -1);
     const RowFinish<OP, T> f(md, safe != 0);
     const i64 next_row = row + rows_per_round < rows ? row + rows_per_round : row;  // row: no next row
