@@ -1647,10 +1647,11 @@ const int kSplitRegistersThreads = 256;  // the launch bound (planner.SPLIT_REGI
 
 // A block's first row, whose copies no earlier row's stores issued: float32 chunks in two commit
 // groups (cache_chunk), so that the first half's exps overlap the second half's copies. Measured on
-// an H100 (same process, % of the copy, two calls): float32 +0.9-1.0 on average over 22 and 26
-// rows, ahead on 39 of 48 (few long rows at 9-16 MiB +1.5-2.5: 36x131072 84-85 -> 86-87); four
-// groups gained more there but lost 3-4 on 64 MiB log_softmax rows; 16-bit chunks (whose two-pass
-// sum the groups' one-pass sum replaces) 0.8 slower.
+// an H100 (same process, % of the copy, three calls): float32 +0.9, +1.0 and +0.3 on average over
+// 22-26 rows (few long rows at 9-16 MiB +1.5-3.5: 36x131072 84-85 -> 86-87; at 64 MiB level but
+// 128x131072, 97.5 -> 94-95.5 in one call of three); four groups gained more on few rows but lost
+// 3-4 on 64 MiB log_softmax rows; 16-bit chunks (whose two-pass sum the groups' one-pass sum
+// replaces) 0.8 slower. Not measured on an H200.
 template <typename T> constexpr int kSplitFirstRowGroups = sizeof(T) == 4 ? 2 : 1;
 
 template <typename T, int OP, int WARP, int VEC, int HELD = 0>
