@@ -487,6 +487,25 @@ def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
 
 
 @pytest.mark.parametrize("copies", ["sync", "async"])
+def test_on_chip_split_merging_more_chunks_than_a_warp_has_lanes(request, rng, copies):
+    """The merge's warp reads a row's published pairs a lane each, in turns of WARP: rows in more
+    chunks than a 64-lane warp has lanes (a device of 96 multiprocessors) take a second turn at
+    either warp size, as few long rows do on a 132-multiprocessor GPU (float32 4x262144: 66 chunks)."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    for warp in V.WARP_SIZES:
+        runtime = EmulatedRuntime(library, warp, multiprocessors=96)
+        device = runtime.profile(0)
+        probe = plan(RowProblem("float32", "softmax", 1, 66000), device)
+        assert probe.tier == "cached" and probe.notes["chunks"] > max(V.WARP_SIZES), (warp, probe)
+        x = _inputs(rng, (2, 66000), "float32")
+        for op, safe in OP_CASES:
+            the_plan = plan(RowProblem("float32", op, 2, 66000, safe=safe), device)
+            assert the_plan.notes["chunks"] > max(V.WARP_SIZES), the_plan.notes
+            got = runtime.run_plan(x, the_plan)
+            assert_close(got, x, 1, op, safe, f"warp {warp} float32 {op} safe={safe} {x.shape} {the_plan.notes}")
+
+
+@pytest.mark.parametrize("copies", ["sync", "async"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_block_tier_rows_past_the_grid_starting_anywhere_in_a_line(request, rng, dtype, copies):
     """Block-tier rows on a device whose grid holds 3 blocks, so that each block caches row after
