@@ -1608,7 +1608,7 @@ template <typename C> struct PublishedPairs {
 // Measured on an H200 (same process, % of the copy), each against the form before it: +1.1-1.6
 // on average over long and few split rows, and +2.6-3.1 together with arrive_and_wait's fence
 // dropped for float pairs (ahead on 40 of 40 rows; bfloat16 512x131072 81 -> 84, float32 47x50257
-// 79 -> 84).
+// 80 -> 84.5).
 // previous_row (or -1): the row these blocks took before, whose scratch this block clears here.
 template <int WARP, typename C>
 PS_DEVICE MD<C> row_total_across_blocks(MD<C> local, C* partials, unsigned* arrivals, i64 row, i64 chunk,
@@ -1628,7 +1628,9 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> local, C* partials, unsigned* arri
   PS_SYNC();
   MD<C> md = md_identity<C>();
   if (PS_THREAD_X < WARP) {
-    for (i64 c = PS_THREAD_X; c < chunks; c += WARP) md = md_combine(md, c == chunk ? part : pairs.read(row * chunks + c));
+    for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
+      md = md_combine(md, c == chunk ? part : pairs.read(row * chunks + c));
+    }
     md = md_reduce_lanes<WARP>(md);
   }
   return md_from_first_warp<WARP>(md);
@@ -1676,7 +1678,8 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     if (HELD > 0 && !held_loaded) in_registers.load(CachedChunk<T, VEC>(rs, begin, clip(cached, end)));
     MD<C> part;
     if constexpr (HELD > 0) {
-      part = cache_chunk<T, VEC, kSplitFirstRowGroups<T>>(rs, cached, end, cache, issued, [&](OnlineSum<C>& acc) { in_registers.add_to(acc); });
+      part = cache_chunk<T, VEC, kSplitFirstRowGroups<T>>(rs, cached, end, cache, issued,
+                                                          [&](OnlineSum<C>& acc) { in_registers.add_to(acc); });
     } else {
       part = cache_chunk<T, VEC, kSplitFirstRowGroups<T>>(rs, begin, end, cache, issued);
     }
