@@ -127,3 +127,73 @@ def test_bench_latency_command_on_a_gpu(tmp_path):
         assert len(r["ours_rounds_us"]) == len(r["torch_rounds_us"]) == r["rounds"] == 3
         assert all(t > 0 for t in r["ours_rounds_us"] + r["torch_rounds_us"])
         assert r["ours_device_us"] > 0 and r["torch_device_us"] > 0
+
+
+class _Timeline:
+    """A host clock and a GPU that runs what the host issues in order, in ms: the fake torch of
+    _Timer (events stamped when the GPU reaches them, a sleep of cycles at 2 GHz, a flush of 0.03 ms)."""
+
+    def __init__(self):
+        self.host = self.gpu = 0.0
+
+    def issue(self, work_ms: float) -> None:
+        self.gpu = max(self.gpu, self.host) + work_ms
+
+    def clock(self) -> float:
+        return self.host / 1e3
+
+    def torch(self):
+        line = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                self.at = None
+
+            def record(self):
+                line.issue(0.0)
+                self.at = line.gpu
+
+            def synchronize(self):
+                line.host = max(line.host, line.gpu)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        class Flush:
+            def zero_(self):
+                line.issue(0.03)
+
+        cuda = argparse.Namespace(Event=Event, _sleep=lambda cycles: line.issue(cycles / 2e6),
+                                  current_device=lambda: 0,
+                                  get_device_properties=lambda d: argparse.Namespace(L2_cache_size=50 << 20))
+        return argparse.Namespace(cuda=cuda, uint8="uint8", empty=lambda *a, **k: Flush())
+
+
+def test_timer_times_again_a_repetition_the_host_issued_after_the_hold():
+    line = _Timeline()
+    # the warm-up call, then repetitions: three host stalls (0.9, 2.5 and 5 ms) among quick issues
+    host_ms = iter([0.01, 0.9, 0.01, 2.5, 0.01, 5.0, 0.01, 0.01, 0.01])
+
+    def kernel():  # 0.2 ms of GPU work, issued host_ms after the call starts
+        line.host += next(host_ms)
+        line.issue(0.2)
+
+    timer = bench._Timer(line.torch(), reps=5, clock=line.clock)
+    assert timer.hold_ms == pytest.approx(0.5)
+    # timed as they ran, the stalled repetitions would read the work plus the GPU's wait for the
+    # call (0.57, 2.2, 4.7 ms) and hold the median
+    assert timer.median_ms(kernel) == pytest.approx(0.2)
+    # each stall outlasted the hold of its time, which doubled after each
+    assert (timer.redone, timer.hold_ms) == (3, pytest.approx(4.0))
+
+
+def test_timer_without_stalls_keeps_its_hold():
+    line = _Timeline()
+
+    def kernel():
+        line.host += 0.05
+        line.issue(0.3)
+
+    timer = bench._Timer(line.torch(), reps=7, clock=line.clock)
+    assert timer.median_ms(kernel) == pytest.approx(0.3)
+    assert (timer.redone, timer.hold_ms) == (0, pytest.approx(0.5))
