@@ -3,7 +3,7 @@
 // `mixed`, takes each piece from the library (bit set in K) or from blockv (bit clear), so that
 // single bits and their sums can be timed side by side with the library's own kernel.
 // The bits name the block tier's pieces as they were at 0652c48, whose src_cuda the figures in
-// docs/benchmarks.md (eighteenth session) were taken with. The library then took kEdgeCopy,
+// docs/benchmark-history.md (eighteenth session) were taken with. The library then took kEdgeCopy,
 // kEdgeStore, the unrolled waits and an OnlineSum with no early return (76eca10), so against
 // today's src_cuda `library` and kOnlineSum measure those.
 // Build and run on an sm_90 GPU:  nvcc -arch=sm_90 -O3 -std=c++17 -I ../../src_cuda -o block_bisect block_bisect.cu && ./block_bisect
