@@ -225,8 +225,9 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
     _launch(rt, src, the_plan, target.ptr, stream)
-    if dst is None and src.array is original and _is_torch_cuda(original):
-        _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream)
+    if src.array is original and _is_torch_cuda(original) and (
+            dst is None or (target is dst and type(out) is _TORCH_TENSOR)):  # launches that write out itself
+        _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream, out)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -325,7 +326,8 @@ def _retire_thread_stream(state: _ThreadStream) -> None:
         elif kept is not None:
             _outgrown.append(kept[2])
         # prepared launches bound to the thread's stream: never run again (their keys name it)
-        for prepared_key in [k for k, v in list(_prepared.items()) if v[2] == key and k[-1] == device_key[1]]:
+        # k[7]: the input's device (a key with out= goes on past it)
+        for prepared_key in [k for k, v in list(_prepared.items()) if v[2] == key and k[7] == device_key[1]]:
             prepared = _prepared.pop(prepared_key, None)
             if prepared is not None and not drained:
                 _outgrown.append(prepared[3])
@@ -367,7 +369,9 @@ def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, 
 # ---- the repeat-call path for torch CUDA tensors -------------------------------------------
 # A model calls softmax on tensors of the same shape again and again. After the first call,
 # the launches of a (dtype, shape, strides, alignment, axis, op, safe, device) are kept
-# ready, so a repeat call reads a few attributes, allocates the output and launches.
+# ready, so a repeat call reads a few attributes, allocates the output and launches. Calls with
+# out= keep theirs under the same key and out's (dtype, shape, strides, alignment, device): the
+# full path's checks of out (60-80 us of an H100 host's time a call) then need not run again.
 _TORCH = None
 _TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
 _torch_is_compiling = None  # torch.compiler.is_compiling
@@ -389,18 +393,23 @@ def _is_torch_cuda(x) -> bool:
     return isinstance(x, _TORCH_TENSOR) and x.is_cuda
 
 
-def _prepared_key(x, axis, op, safe):
-    """(dtype, shape, strides, alignment, axis, op, safe, device): what a plan depends on.
-    _run_prepared builds the same tuple inline (a call costs as much as a field)."""
-    return (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
+def _prepared_key(x, axis, op, safe, out=None):
+    """(dtype, shape, strides, alignment, axis, op, safe, device), and the same five of out where
+    given: what a plan depends on, and what the full path checked of out. _run_prepared builds the
+    same tuple inline (a call costs as much as a field)."""
+    key = (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
+    if out is None:
+        return key
+    return key + (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
 
 
-def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) -> None:
+def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int, out=None) -> None:
     """Keep the launches of a torch tensor's call ready for repeat calls (keyed by the axis as the
-    caller wrote it: a repeat call need not normalise it). Launches with scratch get their own,
-    zeroed once and kept zero by the launches, and are kept for the stream they were made on."""
+    caller wrote it: a repeat call need not normalise it), with out= where the launches write into
+    out itself. Launches with scratch get their own, zeroed once and kept zero by the launches, and
+    are kept for the stream they were made on."""
     x = src.array
-    key = _prepared_key(x, axis, op, safe)
+    key = _prepared_key(x, axis, op, safe, out)
     buffers, keep, bound_to = None, None, None
     if the_plan.scratch:
         if key in _prepared or src.capturing():
@@ -419,26 +428,34 @@ def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int) 
 
 
 def _run_prepared(x, axis, op, out, safe):
-    """The output of the prepared launches of this plain torch tensor's call, or None (the full path
-    plans, checks and remembers). The axis is the caller's: an axis out of range never has launches
-    kept. Each torch call here costs 0.1-0.2 us, so a call makes as few as it can."""
-    # bools and other types equal to ints go the checked way
-    if out is not None or type(axis) is not int or x.requires_grad:
+    """The output of the prepared launches of this plain torch tensor's call (out, where given), or
+    None (the full path plans, checks and remembers). The axis is the caller's: an axis out of range
+    never has launches kept. Each torch call here costs 0.1-0.2 us, so a call makes as few as it can."""
+    # bools and other types equal to ints go the checked way; so does an out that is no plain tensor
+    if type(axis) is not int or x.requires_grad or (
+            out is not None and (type(out) is not _TORCH_TENSOR or out.requires_grad)):
         return None
     try:
         ptr = x.data_ptr()
+        out_ptr = None if out is None else out.data_ptr()
     except RuntimeError:  # a functorch wrapper of vmap, grad or jvp: no storage
         return None
     device = x.get_device()
-    entry = _prepared.get((x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device))  # _prepared_key
+    key = (x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device)  # _prepared_key
+    if out is not None:
+        key += (out.dtype, out.shape, out.stride(), out_ptr & 15, out.get_device())
+    entry = _prepared.get(key)
     # (CPU tensors' keys miss.) A functionalize wrapper's data pointer reads 0, and a tensor of no
     # elements never has launches kept: a null pointer always takes the full path.
-    if entry is None or not ptr:
+    if entry is None or not ptr or out_ptr == 0:
         return None
     launcher, contiguous, bound_to, _ = entry
     stream = _current_stream(device)
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
+    if out is not None:
+        launcher(ptr, out_ptr, stream)
+        return out
     # empty_like costs 2-3 us less than torch.empty(shape, ...); its plain form less than with a format
     y = _TORCH.empty_like(x) if contiguous else _TORCH.empty_like(x, memory_format=_TORCH.contiguous_format)
     launcher(ptr, y.data_ptr(), stream)

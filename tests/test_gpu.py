@@ -376,6 +376,34 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
 
 @needs_cuda
+def test_repeat_call_with_out_takes_the_prepared_launcher_where_out_is_laid_out_alike(rng, monkeypatch):
+    """out= calls keep their launches too: a repeat call with a new out of the same dtype, shape,
+    strides, alignment and device (or the input itself) skips the full path and writes into out;
+    an out laid out otherwise takes the full path again, and every result matches float64."""
+    torch = _torch_cuda()
+    from portable_softmax import api
+
+    x = torch.from_numpy(random_input(rng, (8, 1000), "float32")).cuda()
+    ps.log_softmax(x, out=torch.empty_like(x))  # plans and prepares, out= given
+    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("an out= repeat call took the full path"))
+    for _ in range(2):
+        out = torch.full_like(x, float("nan"))
+        assert ps.log_softmax(x, out=out) is out
+        assert_matches(_to_numpy(out), _to_numpy(x), op="log_softmax", what="out= repeat")
+    monkeypatch.undo()
+    strided = torch.full((8, 1024), float("nan"), device="cuda")[:, :1000]
+    assert ps.log_softmax(x, out=strided) is strided  # rows 1024 apart: the full path, then kept apart
+    assert_matches(_to_numpy(strided), _to_numpy(x), op="log_softmax", what="strided out")
+    assert any(len(key) > 8 and key[10] == (1024, 1) for key in api._prepared), "strided out= kept apart"
+    same = x.clone()
+    ps.softmax(same, out=same)  # in place: prepared on the first call, replayed on the second
+    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("an in-place repeat call took the full path"))
+    again = x.clone()
+    assert ps.softmax(again, out=again) is again
+    assert_matches(_to_numpy(again), _to_numpy(x), what="in place, repeat")
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype, shape, axis, tier", [("float32", (8, 131072), -1, "cached"),
                                                       ("float64", (8, 65536), -1, "cached"),
                                                       ("float32", (8192, 512), 0, "strided_cached"),
@@ -384,10 +412,11 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, axis, tier):
     """Launches that count arrivals and publish (m, d) pairs in scratch find it zero and leave it
     zero, so that a call launches no fill ahead of its kernel: repeat calls with fresh data through
-    the full path (out= given: a scratch a stream), through the prepared launcher (torch tensors:
-    a scratch of its own) and on a second stream all match the float64 reference, the prepared
-    launcher is taken, and every such scratch is all zero after them. The two-pass split writes
-    its scratch before reading it: it needs no fill and takes none."""
+    the full path (a scratch a stream: out= calls on a stream other than the one their launches
+    were kept for), through the prepared launches (torch tensors, with and without out=: a scratch
+    of their own) and on a second stream all match the float64 reference, the prepared launches
+    are taken, and every such scratch is all zero after them. The two-pass split writes its
+    scratch before reading it: it needs no fill and takes none."""
     from portable_softmax import api
 
     torch = _torch_cuda()
@@ -411,16 +440,24 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
                     what = f"{tier} call {call} on stream {stream.cuda_stream}"
                     assert_matches(_to_numpy(out), _to_numpy(x), axis=axis, op="log_softmax", what=what)
                     assert_matches(_to_numpy(got), _to_numpy(x), axis=axis, what=what)
-        prepared = [entry for key, entry in api._prepared.items() if key[1] == x.shape]
-        assert len(prepared) == 1 and prepared[0][2] == torch.cuda.current_stream().cuda_stream, prepared
-        scratches = [keep for _, _, keep in api._zeroed.values()] + [prepared[0][3]]
-        assert len(scratches) == (3 if the_plan.scratch_zeroed else 1), scratches  # the split: none pooled
+        # kept for the first stream: softmax without out=, log_softmax with it (its key goes on)
+        prepared = sorted(((len(key), entry) for key, entry in api._prepared.items() if key[1] == x.shape),
+                          key=lambda item: item[0])
+        here = torch.cuda.current_stream().cuda_stream
+        assert [n for n, _ in prepared] == [8, 13] and all(e[2] == here for _, e in prepared), prepared
+        # pooled: one a stream, for the out= calls of the stream their launches were not kept for
+        # (and the first out= call on the first stream)
+        scratches = [keep for _, _, keep in api._zeroed.values()] + [e[3] for _, e in prepared]
+        assert len(scratches) == (4 if the_plan.scratch_zeroed else 2), scratches  # the split: none pooled
         if the_plan.scratch_zeroed:
             for keep in scratches:
                 assert int(torch.count_nonzero(keep)) == 0, f"{tier}: scratch left not zero"
         x = base.clone()
         monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
         assert_matches(_to_numpy(ps.softmax(x, axis=axis)), _to_numpy(x), axis=axis, what=f"{tier} prepared")
+        out = torch.full_like(x, float("nan"))
+        ps.log_softmax(x, axis=axis, out=out)
+        assert_matches(_to_numpy(out), _to_numpy(x), axis=axis, op="log_softmax", what=f"{tier} prepared out=")
     finally:
         api._prepared.clear()
         api._zeroed.clear()

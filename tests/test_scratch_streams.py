@@ -151,10 +151,12 @@ def test_prepared_launches_bound_to_an_ended_threads_stream_are_dropped_once_dra
 
     def prepare_here():
         key = ("float32", (8, 8), (8, 1), 0, -1, "softmax", False, 0)
-        api._prepared[key] = ("launcher", True, api.stream_key(per_thread), bytearray(8))
+        with_out = key + ("float32", (8, 8), (8, 1), 0, 0)  # an out= call's launches
+        for k in (key, with_out):
+            api._prepared[k] = ("launcher", True, api.stream_key(per_thread), bytearray(8))
         api._watch_thread_stream(kept, rt)
-        return key
+        return key, with_out
 
-    key, _ = _in_new_thread(prepare_here)
-    assert key not in api._prepared and other in api._prepared
+    (key, with_out), _ = _in_new_thread(prepare_here)
+    assert key not in api._prepared and with_out not in api._prepared and other in api._prepared
     assert [d[:2] for d in rt.drained] == [(0, per_thread)]
