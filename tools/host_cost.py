@@ -22,17 +22,21 @@ from portable_softmax._arrays import torch_current_stream
 from portable_softmax.bench import back_to_back_us
 
 
-def per_call_us(fn, calls: int) -> tuple[float, float]:
-    """(wall time per call of back-to-back calls, host time per call with the GPU held busy)."""
-    wall = back_to_back_us(torch, fn, calls, warmup=50)
-    queued = 400  # fewer than the launch queue holds, so that no call waits for the GPU
+def host_us(fn, queued: int = 400) -> float:
+    """Host time per call of `queued` calls (fewer than the launch queue holds) queued behind a GPU
+    sleep, so that no call waits for the GPU."""
     torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the calls
     t = time.perf_counter()
     for _ in range(queued):
         fn()
     host = (time.perf_counter() - t) / queued * 1e6
     torch.cuda.synchronize()
-    return wall, host
+    return host
+
+
+def per_call_us(fn, calls: int) -> tuple[float, float]:
+    """(wall time per call of back-to-back calls, host time per call with the GPU held busy)."""
+    return back_to_back_us(torch, fn, calls, warmup=50), host_us(fn)
 
 
 def softmax_as_at_bbe90ad(x, axis=-1, *, out=None, safe=False):

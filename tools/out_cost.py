@@ -8,25 +8,19 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
+from host_cost import host_us
 
 import portable_softmax as ps
 
 
-def host_us(fn, calls: int) -> float:
-    """Host time per call of `calls` calls queued behind a GPU sleep."""
+def warm_host_us(fn, calls: int) -> float:
+    """host_us of `calls` calls after 20 unqueued ones (plans made, launches prepared)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU time ahead of the calls
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+    return host_us(fn, calls)
 
 
 def main(calls: int) -> None:
@@ -36,7 +30,7 @@ def main(calls: int) -> None:
         pieces = {"torch.softmax(x)": lambda x=x: torch.softmax(x, dim=-1),
                   "ps.softmax(x)": lambda x=x: ps.softmax(x),
                   "ps.softmax(x, out=y)": lambda x=x, y=y: ps.softmax(x, out=y)}
-        times = {name: statistics.median(host_us(fn, calls) for _ in range(5)) for name, fn in pieces.items()}
+        times = {name: statistics.median(warm_host_us(fn, calls) for _ in range(5)) for name, fn in pieces.items()}
         print(shape, "  ".join(f"{name} {us:.1f} us" for name, us in times.items()))
 
 
