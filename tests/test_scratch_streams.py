@@ -1,12 +1,14 @@
 """The zeroed scratch kept per stream (api._zeroed_scratch), without a GPU: which calls share a
 buffer. Launches that share one count arrivals in each other's scratch, so two streams that can
 run at once must never share; calls on one stream must, or every call pays a fill again. A host
-thread's per-thread default stream is a stream of its own, also after the thread id is reused."""
+thread's per-thread default stream is a stream of its own, also after the thread id is reused.
+And the repeat-call path's keys: which calls replay launches kept for an earlier one."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from portable_softmax import api
@@ -160,3 +162,58 @@ def test_prepared_launches_bound_to_an_ended_threads_stream_are_dropped_once_dra
     (key, with_out), _ = _in_new_thread(prepare_here)
     assert key not in api._prepared and with_out not in api._prepared and other in api._prepared
     assert [d[:2] for d in rt.drained] == [(0, per_thread)]
+
+
+@pytest.fixture
+def prepared_torch(monkeypatch):
+    """api's repeat-call path with torch seen, an empty _prepared, and the current stream 7 on every
+    device (torch's reader needs a GPU); CPU tensors stand in for CUDA ones."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_TORCH", torch)
+    monkeypatch.setattr(api, "_TORCH_TENSOR", torch.Tensor)
+    monkeypatch.setattr(api, "_torch_is_compiling", torch.compiler.is_compiling)
+    monkeypatch.setattr(api, "_TORCH_FORWARD_AD", torch.autograd.forward_ad)
+    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
+    return torch
+
+
+def _keep(key, bound_to=None):
+    """A recording launcher kept under key, as _prepare keeps one."""
+    launched = []
+    api._prepared[key] = (lambda *pointers: launched.append(pointers), True, bound_to, None)
+    return launched
+
+
+def test_an_out_call_replays_the_launches_kept_for_its_and_outs_layout(prepared_torch):
+    torch = prepared_torch
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    launched = _keep(api._prepared_key(x, -1, "softmax", False, out))
+    import portable_softmax as ps
+
+    assert ps.softmax(x, out=out) is out  # the public entry point takes them, and returns out itself
+    assert launched == [(x.data_ptr(), out.data_ptr(), 7)]
+    fresh = torch.empty(4, 8)  # a new out laid out alike: the same launches, its pointer
+    assert api._run_prepared(x, -1, "softmax", fresh, False) is fresh
+    assert launched[-1] == (x.data_ptr(), fresh.data_ptr(), 7)
+    # what the full path would have to plan or check again: not these launches
+    for other_out in (torch.empty(8, 4).t(),  # other strides
+                      torch.empty(4, 9)[:, :8],  # rows 9 apart
+                      torch.empty(33)[1:].view(4, 8),  # 4 bytes past a 16-byte boundary
+                      torch.empty(4, 8, dtype=torch.float64),
+                      torch.empty(4, 8).requires_grad_(),
+                      np.empty((4, 8), np.float32)):
+        assert api._run_prepared(x, -1, "softmax", other_out, False) is None, other_out
+    assert api._run_prepared(x, -1, "softmax", None, False) is None  # kept for out= calls only
+    assert api._run_prepared(x, -1, "log_softmax", out, False) is None
+    assert len(launched) == 2
+
+
+def test_an_out_calls_launches_with_scratch_replay_only_on_their_stream(prepared_torch, monkeypatch):
+    torch = prepared_torch
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    launched = _keep(api._prepared_key(x, 1, "log_softmax", False, out), bound_to=api.stream_key(5))
+    assert api._run_prepared(x, 1, "log_softmax", out, False) is None  # the current stream is 7
+    monkeypatch.setattr(api, "_current_stream", lambda device: 5)
+    assert api._run_prepared(x, 1, "log_softmax", out, False) is out
+    assert launched == [(x.data_ptr(), out.data_ptr(), 5)]
