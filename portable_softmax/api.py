@@ -46,6 +46,10 @@ def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool 
         y = _run_prepared(x, axis, "softmax", out, safe)
         if y is not None:
             return y
+    elif type(x) is _CUPY_NDARRAY:
+        y = _run_prepared_cupy(x, axis, "softmax", out, safe)
+        if y is not None:
+            return y
     return _apply(x, axis, "softmax", out, bool(safe))
 
 
@@ -58,6 +62,10 @@ def log_softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> Arra
     """
     if type(x) is _TORCH_TENSOR and not _torch_is_compiling() and _TORCH_FORWARD_AD._current_level < 0:
         y = _run_prepared(x, axis, "log_softmax", out, False)
+        if y is not None:
+            return y
+    elif type(x) is _CUPY_NDARRAY:
+        y = _run_prepared_cupy(x, axis, "log_softmax", out, False)
         if y is not None:
             return y
     return _apply(x, axis, "log_softmax", out, False)
@@ -225,8 +233,7 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
     _launch(rt, src, the_plan, target.ptr, stream)
-    if src.array is original and _is_torch_cuda(original) and (
-            dst is None or (target is dst and type(out) is _TORCH_TENSOR)):  # launches that write out itself
+    if src.array is original and (dst is None or target is dst) and _preparable(original, out):
         _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream, out)
     if dst is not None:
         if target is not dst:
@@ -366,12 +373,13 @@ def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, 
     return pointer, size, keep
 
 
-# ---- the repeat-call path for torch CUDA tensors -------------------------------------------
+# ---- the repeat-call path for torch CUDA tensors and cupy arrays ------------------------------
 # A model calls softmax on tensors of the same shape again and again. After the first call,
 # the launches of a (dtype, shape, strides, alignment, axis, op, safe, device) are kept
 # ready, so a repeat call reads a few attributes, allocates the output and launches. Calls with
 # out= keep theirs under the same key and out's (dtype, shape, strides, alignment, device): the
 # full path's checks of out (60-80 us of an H100 host's time a call) then need not run again.
+# torch's and cupy's keys never meet: their dtypes are objects of different types.
 _TORCH = None
 _TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
 _torch_is_compiling = None  # torch.compiler.is_compiling
@@ -393,10 +401,23 @@ def _is_torch_cuda(x) -> bool:
     return isinstance(x, _TORCH_TENSOR) and x.is_cuda
 
 
+def _preparable(x, out) -> bool:
+    """Whether the launches of this call on device array x (writing out itself, where given) are
+    kept for repeat calls: those of plain torch CUDA tensors and cupy arrays."""
+    if _is_torch_cuda(x):
+        return out is None or type(out) is _TORCH_TENSOR
+    return _is_cupy(x) and (out is None or type(out) is _CUPY_NDARRAY)
+
+
 def _prepared_key(x, axis, op, safe, out=None):
     """(dtype, shape, strides, alignment, axis, op, safe, device), and the same five of out where
-    given: what a plan depends on, and what the full path checked of out. _run_prepared builds the
-    same tuple inline (a call costs as much as a field)."""
+    given: what a plan depends on, and what the full path checked of out. _run_prepared and
+    _run_prepared_cupy build the same tuple inline (a call costs as much as a field)."""
+    if type(x) is _CUPY_NDARRAY:
+        key = (x.dtype, x.shape, x.strides, x.data.ptr & 15, axis, op, safe, x.data.device_id)
+        if out is None:
+            return key
+        return key + (out.dtype, out.shape, out.strides, out.data.ptr & 15, out.data.device_id)
     key = (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, axis, op, safe, x.get_device())
     if out is None:
         return key
@@ -423,8 +444,10 @@ def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int, 
     launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers)
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()
-    # A contiguous input's empty_like is the contiguous output the launches were planned for.
-    _prepared[key] = (launcher, x.is_contiguous(), bound_to, keep)
+    # A contiguous input's empty_like is the contiguous output the launches were planned for
+    # (cupy's repeat call allocates with cupy.empty, C-contiguous whatever the input).
+    contiguous = True if type(x) is _CUPY_NDARRAY else x.is_contiguous()
+    _prepared[key] = (launcher, contiguous, bound_to, keep)
 
 
 def _run_prepared(x, axis, op, out, safe):
@@ -464,3 +487,54 @@ def _run_prepared(x, axis, op, out, safe):
 
 def _current_stream(device_index: int) -> int:  # replaced by torch's reader once torch is seen
     raise RuntimeError("torch has not been seen")
+
+
+_CUPY = None
+_CUPY_NDARRAY: type | None = None  # cupy.ndarray once cupy is seen (its arrays take the prepared path)
+_cupy_device = None  # cupy.cuda.runtime.getDevice: the host thread's current device
+_cupy_stream = None  # () -> the handle of cupy's current stream on the current device
+
+
+def _is_cupy(x) -> bool:
+    global _CUPY, _CUPY_NDARRAY, _cupy_device, _cupy_stream
+    if _CUPY_NDARRAY is None:
+        if type(x).__module__.split(".")[0] != "cupy":
+            return False
+        import cupy
+
+        current_stream = cupy.cuda.get_current_stream
+
+        def stream() -> int:
+            return current_stream().ptr
+
+        _CUPY, _CUPY_NDARRAY, _cupy_device, _cupy_stream = cupy, cupy.ndarray, cupy.cuda.runtime.getDevice, stream
+    return type(x) is _CUPY_NDARRAY
+
+
+def _run_prepared_cupy(x, axis, op, out, safe):
+    """_run_prepared for a cupy array: the output of its call's prepared launches (out, where
+    given), or None (the full path). Only where x lives on the current device: cupy allocates
+    the output there, and its current stream is that device's."""
+    if type(axis) is not int or (out is not None and type(out) is not _CUPY_NDARRAY):
+        return None
+    memory = x.data
+    ptr, device = memory.ptr, memory.device_id
+    key = (x.dtype, x.shape, x.strides, ptr & 15, axis, op, safe, device)  # _prepared_key
+    out_ptr = None
+    if out is not None:
+        out_memory = out.data
+        out_ptr = out_memory.ptr
+        key += (out.dtype, out.shape, out.strides, out_ptr & 15, out_memory.device_id)
+    entry = _prepared.get(key)
+    if entry is None or not ptr or out_ptr == 0 or _cupy_device() != device:
+        return None
+    launcher, _, bound_to, _ = entry
+    stream = _cupy_stream()
+    if bound_to is not None and stream_key(stream) != bound_to:
+        return None  # its scratch belongs to another stream's launches
+    if out is not None:
+        launcher(ptr, out_ptr, stream)
+        return out
+    y = _CUPY.empty(x.shape, x.dtype)
+    launcher(ptr, y.data.ptr, stream)
+    return y

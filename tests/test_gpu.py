@@ -404,6 +404,45 @@ def test_repeat_call_with_out_takes_the_prepared_launcher_where_out_is_laid_out_
 
 
 @needs_cuda
+@pytest.mark.parametrize("shape, axis", [((8, 1000), -1), ((8192, 512), 0), ((8, 131072), -1)])
+def test_cupy_repeat_calls_take_the_prepared_launches_and_stay_correct(rng, monkeypatch, shape, axis):
+    """A cupy array's repeat calls (fresh data, the same layout), with and without out=, replay the
+    launches its first calls kept: cupy arrays come back and every result matches float64. On
+    another stream, launches with scratch (a column or a long row cached across blocks) are not
+    replayed (the full path runs); launches without it are."""
+    import cupy
+
+    from portable_softmax import api
+
+    x = cupy.asarray(random_input(rng, shape, "float32"))
+    has_scratch = bool(_plan_of(x, axis).scratch)
+    assert has_scratch == (shape != (8, 1000))
+    ps.softmax(x, axis=axis)  # plans and prepares
+    ps.log_softmax(x, axis=axis, out=cupy.empty_like(x))  # the same, out= given
+    classify, full_path = api.classify, []
+    monkeypatch.setattr(api, "classify", lambda a: full_path.append(a) or classify(a))
+    for _ in range(2):
+        fresh = x * float(rng.uniform(0.5, 2.0))  # new data, the same layout
+        y = ps.softmax(fresh, axis=axis)
+        assert type(y) is cupy.ndarray and y.shape == shape and y.dtype == fresh.dtype
+        assert_matches(cupy.asnumpy(y), cupy.asnumpy(fresh), axis=axis, what="cupy repeat")
+        out = cupy.full_like(fresh, cupy.nan)
+        assert ps.log_softmax(fresh, axis=axis, out=out) is out
+        assert_matches(cupy.asnumpy(out), cupy.asnumpy(fresh), axis=axis, op="log_softmax", what="cupy out= repeat")
+    assert not full_path, "a cupy repeat call took the full path"
+    with cupy.cuda.Stream(non_blocking=True):
+        fresh = x * 0.5
+        y = ps.softmax(fresh, axis=axis)
+        out = cupy.full_like(fresh, cupy.nan)
+        ps.log_softmax(fresh, axis=axis, out=out)
+        cupy.cuda.get_current_stream().synchronize()
+    assert bool(full_path) == has_scratch, "launches with scratch replay only on their stream"
+    assert_matches(cupy.asnumpy(y), cupy.asnumpy(fresh), axis=axis, what="cupy, another stream")
+    assert_matches(cupy.asnumpy(out), cupy.asnumpy(fresh), axis=axis, op="log_softmax",
+                   what="cupy out=, another stream")
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype, shape, axis, tier", [("float32", (8, 131072), -1, "cached"),
                                                       ("float64", (8, 65536), -1, "cached"),
                                                       ("float32", (8192, 512), 0, "strided_cached"),

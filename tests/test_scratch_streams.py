@@ -217,3 +217,98 @@ def test_an_out_calls_launches_with_scratch_replay_only_on_their_stream(prepared
     monkeypatch.setattr(api, "_current_stream", lambda device: 5)
     assert api._run_prepared(x, 1, "log_softmax", out, False) is out
     assert launched == [(x.data_ptr(), out.data_ptr(), 5)]
+
+
+class FakeCupyMemory:
+    """A cupy MemoryPointer's two fields the repeat path reads."""
+
+    def __init__(self, ptr: int, device_id: int):
+        self.ptr, self.device_id = ptr, device_id
+
+
+class FakeCupyArray:
+    """What the repeat path reads of a cupy array: dtype, shape, byte strides and its memory."""
+
+    def __init__(self, shape, strides=None, ptr=1 << 20, device=0, dtype="float32"):
+        self.dtype, self.shape = np.dtype(dtype), tuple(shape)
+        self.strides = strides or tuple(int(np.prod(shape[i + 1:])) * self.dtype.itemsize
+                                        for i in range(len(shape)))
+        self.data = FakeCupyMemory(ptr, device)
+
+
+@pytest.fixture
+def prepared_cupy(monkeypatch):
+    """api's repeat-call path with cupy seen (FakeCupyArray standing in for cupy.ndarray), an empty
+    _prepared, device 0 current and stream 7 current on it; returns the list of arrays that the
+    stand-in cupy.empty allocated."""
+    allocated: list[FakeCupyArray] = []
+
+    class FakeCupy:
+        @staticmethod
+        def empty(shape, dtype):
+            allocated.append(FakeCupyArray(shape, ptr=(2 + len(allocated)) << 20, dtype=dtype))
+            return allocated[-1]
+
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_CUPY", FakeCupy)
+    monkeypatch.setattr(api, "_CUPY_NDARRAY", FakeCupyArray)
+    monkeypatch.setattr(api, "_cupy_device", lambda: 0)
+    monkeypatch.setattr(api, "_cupy_stream", lambda: 7)
+    return allocated
+
+
+def test_a_cupy_repeat_call_replays_the_launches_kept_for_its_layout(prepared_cupy):
+    import portable_softmax as ps
+
+    x = FakeCupyArray((4, 8))
+    assert api._preparable(x, None) and api._preparable(x, FakeCupyArray((4, 8)))
+    assert not api._preparable(x, np.empty((4, 8), np.float32))  # an out the full path copies into
+    launched = _keep(api._prepared_key(x, -1, "softmax", False))
+    y = ps.softmax(x)  # the public entry point takes them
+    assert prepared_cupy == [y] and y.shape == (4, 8) and y.dtype == np.float32
+    assert launched == [(x.data.ptr, y.data.ptr, 7)]
+    same_layout = FakeCupyArray((4, 8), ptr=9 << 20)
+    assert api._run_prepared_cupy(same_layout, -1, "softmax", None, False) is prepared_cupy[-1]
+    assert launched[-1] == (9 << 20, prepared_cupy[-1].data.ptr, 7)
+    # what the full path would have to plan again: not these launches
+    for other in (FakeCupyArray((4, 8), strides=(4, 16)),  # the transpose of an 8x4 array
+                  FakeCupyArray((4, 8), strides=(36, 4)),  # rows 9 apart
+                  FakeCupyArray((4, 8), ptr=(1 << 20) + 4),  # 4 bytes past a 16-byte boundary
+                  FakeCupyArray((4, 8), dtype="float64"),
+                  FakeCupyArray((8, 4)),
+                  FakeCupyArray((4, 8), device=1)):
+        assert api._run_prepared_cupy(other, -1, "softmax", None, False) is None, vars(other)
+    assert api._run_prepared_cupy(x, 1, "softmax", None, False) is None  # keyed by the axis as written
+    assert api._run_prepared_cupy(x, np.int64(-1), "softmax", None, False) is None  # the checked way
+    assert api._run_prepared_cupy(x, -1, "log_softmax", None, False) is None
+    assert api._run_prepared_cupy(x, -1, "softmax", None, True) is None
+    assert len(launched) == 2 and len(prepared_cupy) == 2
+
+
+def test_a_cupy_array_on_a_device_not_current_takes_the_full_path(prepared_cupy, monkeypatch):
+    x = FakeCupyArray((4, 8), device=1)
+    launched = _keep(api._prepared_key(x, -1, "softmax", False))
+    assert api._run_prepared_cupy(x, -1, "softmax", None, False) is None  # cupy would allocate on device 0
+    monkeypatch.setattr(api, "_cupy_device", lambda: 1)
+    y = api._run_prepared_cupy(x, -1, "softmax", None, False)
+    assert launched == [(x.data.ptr, y.data.ptr, 7)]
+
+
+def test_a_cupy_out_call_replays_only_for_out_laid_out_alike_and_on_its_stream(prepared_cupy, monkeypatch):
+    x, out = FakeCupyArray((4, 8)), FakeCupyArray((4, 8), ptr=3 << 20)
+    launched = _keep(api._prepared_key(x, 0, "log_softmax", False, out), bound_to=api.stream_key(5))
+    assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is None  # the current stream is 7
+    monkeypatch.setattr(api, "_cupy_stream", lambda: 5)
+    assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is out
+    fresh = FakeCupyArray((4, 8), ptr=5 << 20)
+    assert api._run_prepared_cupy(x, 0, "log_softmax", fresh, False) is fresh
+    assert launched == [(x.data.ptr, out.data.ptr, 5), (x.data.ptr, fresh.data.ptr, 5)]
+    assert prepared_cupy == []  # out= calls allocate nothing
+    for other_out in (FakeCupyArray((4, 8), strides=(4, 16), ptr=5 << 20),
+                      FakeCupyArray((4, 8), ptr=(5 << 20) + 8),
+                      FakeCupyArray((4, 8), dtype="float16", ptr=5 << 20),
+                      FakeCupyArray((4, 8), ptr=5 << 20, device=1),
+                      np.empty((4, 8), np.float32)):
+        assert api._run_prepared_cupy(x, 0, "log_softmax", other_out, False) is None
+    assert api._run_prepared_cupy(x, 0, "log_softmax", None, False) is None  # kept for out= calls only
+    assert len(launched) == 2
