@@ -166,14 +166,16 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
     x = cupy.asarray(x_host)
     cupy.cuda.Stream.null.synchronize()  # x is there before any thread's stream reads it
     assert _plan_of(x).scratch_zeroed, "the plan keeps its scratch zeroed across calls"
-    results, idents, keys = [], [], []
+    results, idents, keys, kept_launches = [], [], [], []
 
     def work():
-        keys.append(api.stream_key(api.PER_THREAD_DEFAULT_STREAM))
+        key = api.stream_key(api.PER_THREAD_DEFAULT_STREAM)
+        keys.append(key)
         with cupy.cuda.Stream.ptds:
             assert api.classify(x).stream() == api.PER_THREAD_DEFAULT_STREAM
             for _ in range(3):
                 y = ps.softmax(x)
+            kept_launches.append(any(v[2] == key for v in list(api._prepared.values())))
             results.append(cupy.asnumpy(y))  # copies on this thread's stream, then waits for it
         idents.append(threading.get_ident())
 
@@ -192,6 +194,10 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
     for _, _, keep in idle:
         assert int(cupy.count_nonzero(keep)) == 0, "an idle buffer is left zero for its next stream"
     assert not [k for k in api._zeroed if k[2] in keys], "no ended thread keeps a buffer"
+    # a thread's repeat calls replay launches kept with scratch of their own, bound to its stream:
+    # dropped once the thread has ended, as they could never run again
+    assert any(kept_launches), "no thread kept launches for its stream: the drop went untested"
+    assert not [k for k, v in api._prepared.items() if v[2] in keys], "no ended thread keeps launches"
 
 
 @needs_cuda
