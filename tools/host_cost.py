@@ -65,6 +65,7 @@ def main(calls: int) -> None:
     stream = torch_current_stream(torch, 0)
     rt = _probe.runtime("cuda")
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    shape, strides, dtype, device = x.shape, x.stride(), x.dtype, x.device
     pieces = {
         "torch.softmax(x)": lambda: torch.softmax(x, dim=-1),
         "ps.softmax(x)": lambda: ps.softmax(x),
@@ -76,6 +77,9 @@ def main(calls: int) -> None:
         "x.shape, x.stride()": lambda: (x.shape, x.stride()),
         "torch.empty(shape)": lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "x.new_empty(shape)": lambda: x.new_empty(shape),
+        "torch.empty_strided(...)": lambda: torch.empty_strided(shape, strides, dtype=dtype, device=device),
+        "x.new_empty_strided(...)": lambda: x.new_empty_strided(shape, strides),
         "_is_torch_cuda(x)": lambda: api._is_torch_cuda(x),
         "_prepared_key(x)": lambda: api._prepared_key(x, -1, "softmax", False),
         "x.data_ptr()": lambda: x.data_ptr(),
