@@ -492,22 +492,18 @@ def _current_stream(device_index: int) -> int:  # replaced by torch's reader onc
 _CUPY = None
 _CUPY_NDARRAY: type | None = None  # cupy.ndarray once cupy is seen (its arrays take the prepared path)
 _cupy_device = None  # cupy.cuda.runtime.getDevice: the host thread's current device
-_cupy_stream = None  # () -> the handle of cupy's current stream on the current device
+_cupy_current_stream = None  # cupy.cuda.get_current_stream: the current device's current stream
 
 
 def _is_cupy(x) -> bool:
-    global _CUPY, _CUPY_NDARRAY, _cupy_device, _cupy_stream
+    global _CUPY, _CUPY_NDARRAY, _cupy_device, _cupy_current_stream
     if _CUPY_NDARRAY is None:
         if type(x).__module__.split(".")[0] != "cupy":
             return False
         import cupy
 
-        current_stream = cupy.cuda.get_current_stream
-
-        def stream() -> int:
-            return current_stream().ptr
-
-        _CUPY, _CUPY_NDARRAY, _cupy_device, _cupy_stream = cupy, cupy.ndarray, cupy.cuda.runtime.getDevice, stream
+        _CUPY, _CUPY_NDARRAY = cupy, cupy.ndarray
+        _cupy_device, _cupy_current_stream = cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
     return type(x) is _CUPY_NDARRAY
 
 
@@ -529,7 +525,7 @@ def _run_prepared_cupy(x, axis, op, out, safe):
     if entry is None or not ptr or out_ptr == 0 or _cupy_device() != device:
         return None
     launcher, _, bound_to, _ = entry
-    stream = _cupy_stream()
+    stream = _cupy_current_stream().ptr
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
     if out is not None:

@@ -236,6 +236,13 @@ class FakeCupyArray:
         self.data = FakeCupyMemory(ptr, device)
 
 
+class FakeCupyStream:
+    """A cupy Stream's handle."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
 @pytest.fixture
 def prepared_cupy(monkeypatch):
     """api's repeat-call path with cupy seen (FakeCupyArray standing in for cupy.ndarray), an empty
@@ -253,7 +260,7 @@ def prepared_cupy(monkeypatch):
     monkeypatch.setattr(api, "_CUPY", FakeCupy)
     monkeypatch.setattr(api, "_CUPY_NDARRAY", FakeCupyArray)
     monkeypatch.setattr(api, "_cupy_device", lambda: 0)
-    monkeypatch.setattr(api, "_cupy_stream", lambda: 7)
+    monkeypatch.setattr(api, "_cupy_current_stream", lambda: FakeCupyStream(7))
     return allocated
 
 
@@ -298,7 +305,7 @@ def test_a_cupy_out_call_replays_only_for_out_laid_out_alike_and_on_its_stream(p
     x, out = FakeCupyArray((4, 8)), FakeCupyArray((4, 8), ptr=3 << 20)
     launched = _keep(api._prepared_key(x, 0, "log_softmax", False, out), bound_to=api.stream_key(5))
     assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is None  # the current stream is 7
-    monkeypatch.setattr(api, "_cupy_stream", lambda: 5)
+    monkeypatch.setattr(api, "_cupy_current_stream", lambda: FakeCupyStream(5))
     assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is out
     fresh = FakeCupyArray((4, 8), ptr=5 << 20)
     assert api._run_prepared_cupy(x, 0, "log_softmax", fresh, False) is fresh
