@@ -714,6 +714,9 @@ def test_waiting_launches_on_streams_of_different_priority_all_finish(mode):
     that holds part of the device, 200 times: every launch finishes and matches float64. In a
     subprocess with a time limit, so that launches waiting for ever fail the test instead of
     holding the suite."""
+    torch = _torch_cuda()
+    waiting = _plan_of(torch.empty(64, 131072, device="cuda")).launches  # the tool's default rows
+    assert any(s.cooperative for s in waiting), "the tool's rows are not planned with launches that wait"
     tool = os.path.join(os.path.dirname(__file__), "..", "tools", "concurrent_waits.py")
     try:
         proc = subprocess.run([sys.executable, tool, mode, "--iterations", "200"], capture_output=True, text=True,
@@ -722,7 +725,7 @@ def test_waiting_launches_on_streams_of_different_priority_all_finish(mode):
         pytest.fail(f"the waiting launches did not finish in 120 s: {e.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"cooperative launch: {mode[2:]} (" in proc.stdout, proc.stdout
-    assert "plan: cached" in proc.stdout and "ok:" in proc.stdout, proc.stdout
+    assert "ok:" in proc.stdout, proc.stdout
 
 
 @needs_cuda

@@ -7,21 +7,20 @@ of the launch resident at once. Here each iteration queues a large elementwise k
 stream (it holds part of the device), then softmax of long rows on a low-priority stream and
 log_softmax of the same rows on a high-priority stream, so that the blocks freed by the first
 kernel are contended by the two waiting launches. --cooperative launches them cooperatively
-(resident whole, as PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1 does), --plain as ordinary kernels (the
+(resident whole; it sets PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1), --plain as ordinary kernels (the
 default), which nothing but the order the device starts blocks in keeps from being partly resident
 both and waiting for ever. Prints "ok" and the largest errors against float64 when every launch
-finished; run it under a timeout (tests/test_gpu.py does).
+finished; run it under a timeout (tests/test_gpu.py does, and checks that the default shape is
+planned with such launches).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
-
-import portable_softmax as ps
-from portable_softmax import _launch, _probe, api
 
 
 def main() -> None:
@@ -33,20 +32,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=131072)
     args = ap.parse_args()
-    rt = _probe.runtime("cuda")
-    if args.cooperative or args.plain:
-        _launch.COOPERATIVE_LAUNCHES = args.cooperative
-    print(f"cooperative launch: {rt.cooperative_launch()}", flush=True)
+    if args.cooperative or args.plain:  # read when the package is imported
+        os.environ["PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH"] = "1" if args.cooperative else "0"
+    import portable_softmax as ps
+
+    print(f"cooperative launch: {ps.backend_info()['cooperative_launch']}", flush=True)
     # torch maps a priority past the device's range to the nearest it has: -100 is the highest
     low, high, busy = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-100), torch.cuda.Stream()
     x = torch.randn(args.rows, args.cols, device="cuda") * 4
     filler = torch.ones(1 << 27, device="cuda")
     expected_soft = torch.softmax(x.double(), dim=-1)
     expected_log = torch.log_softmax(x.double(), dim=-1)
-    rows = api.describe(tuple(x.shape), x.stride(), 1)
-    plan = api.plan(api.problem_for("float32", "softmax", False, rows, rows, x.data_ptr(), x.data_ptr()),
-                    rt.profile(torch.cuda.current_device()))
-    print(f"plan: {plan.tier}, cooperative steps: {[s.kernel for s in plan.launches if s.cooperative]}", flush=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
     soft = log = None
