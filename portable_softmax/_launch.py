@@ -77,8 +77,8 @@ FASTLAUNCH_ABI = 2
 LAUNCHER_ENV = "PORTABLE_SOFTMAX_LAUNCHER"
 #: "1" launches the tiers whose blocks wait on each other cooperatively (cuLaunchCooperativeKernel,
 #: hipModuleLaunchCooperativeKernel), which keeps each such grid resident whole beside other
-#: kernels. Off by default: on an H100 (2026-11-26) cooperative launches of the on-chip tiers
-#: measured 0-10 points of the copy slower on long rows and 16-bit axis 0 (docs/perf-notes.md).
+#: kernels. Off by default: cooperative launches of the on-chip tiers are slower on long rows
+#: (docs/design.md).
 COOPERATIVE_ENV = "PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH"
 #: read by the runtime adapters at each launch (Python path) and when they prepare a launcher
 COOPERATIVE_LAUNCHES = os.environ.get(COOPERATIVE_ENV, "") == "1"

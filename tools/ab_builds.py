@@ -1,4 +1,4 @@
-"""A/B runs of kernel changes: several source trees built side by side, benched in one machine session.
+"""A/B runs of kernel changes: several source trees built side by side, benched on one machine.
 
     python3 tools/ab_builds.py NAME=SRC [NAME=SRC ...] [--arch 90-real] [--runs 2] [--work DIR] -- BENCH ARGS
 
@@ -6,8 +6,8 @@ Each SRC (a checkout, or a `git archive` of a commit unpacked beside it) is buil
 into its own target and build directory; then `portable-softmax bench BENCH ARGS --json ...`
 runs once per build and run, interleaved (A B A B), from a directory where no checkout shadows
 the build. Prints one line per (dtype, shape, axis, op): each build's % of the copy in each run,
-then torch's, and after them each later build's difference from the first, by dtype. Figures from
-one machine session only: builds on different machines do not compare.
+then torch's, and after them each later build's difference from the first, by dtype. Run every
+build on the same machine in one call: figures from different machines do not compare.
 """
 
 from __future__ import annotations
