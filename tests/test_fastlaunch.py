@@ -192,7 +192,7 @@ def test_the_plans_cover_cooperative_and_plain_launches():
 
 def test_cooperative_steps_launch_plainly_without_a_cooperative_entry_point(fl, stub, rng):
     """A runtime without cuLaunchCooperativeKernel / hipModuleLaunchCooperativeKernel (ROCm 5.2)
-    hands over none: every step then takes the plain entry point, as before there was one."""
+    hands over none: every step then takes the plain entry point."""
     for dev in DEVICES.values():
         the_plan = next(p for p in (plan(q, dev) for q in _problems()) if any(s.cooperative for s in p.launches))
         functions, grids = fake_handles(the_plan, dev)

@@ -1,5 +1,6 @@
-"""The development tools' parts that need no GPU: tools/plan_diff.py (which specs a planner variant
-changes) and tools/ab_builds.py's summary of an A/B table."""
+"""The development tools' parts that need no GPU: tools/ab_bench.py's variant and spec parsing,
+tools/plan_diff.py (which specs a planner variant changes) and tools/ab_builds.py's summary of an
+A/B table. tools/concurrent_waits.py needs a GPU: tests/test_gpu.py runs it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def test_plan_diff_lists_the_specs_a_rule_changes_and_restores_the_knobs(tools):
     changed = plan_diff.changed_specs(variants, specs, planner.DeviceProfile.h100(), defaults)
     assert changed == {("float32", "cached", 64.0): ["float32:256x65536"]}
     assert planner.SPLIT_EVEN_ROUNDS_MOST == committed
+
+
+def test_ab_bench_parses_variants_and_sizes_scan_specs(tools):
+    ab_bench, _ = tools
+    knob = "SPLIT_EVEN_ROUNDS_MOST"
+    assert ab_bench.parse_variants(f"a=;b={knob}:0.5") == [("a", {}), ("b", {knob: 0.5})]
+    assert ab_bench.split_top_level("A:(1,2),B:{3:4},C:5") == ["A:(1,2)", "B:{3:4}", "C:5"]
+    with pytest.raises(SystemExit, match="no knob 'NOT_A_KNOB'"):
+        ab_bench.parse_variants("a=NOT_A_KNOB:1")
+    # rows fill the size: 1 MiB of float32 rows of 16 columns is 16384 rows, of float16 32768
+    assert ab_bench.scan_specs("float32+float16:16+64:1") == [
+        "float32:16384x16", "float32:4096x64", "float16:32768x16", "float16:8192x64"]
 
 
 def test_ab_builds_summary_compares_each_build_with_the_first_by_dtype(monkeypatch):
