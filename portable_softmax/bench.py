@@ -1,22 +1,43 @@
 """``portable-softmax bench``: bandwidth of softmax against the device-to-device copy, beside torch.
 
-Every figure is (bytes read + bytes written) / median time, with the L2 cache flushed
+Every GPU figure is (bytes read + bytes written) / median time, with the L2 cache flushed
 before each timed repetition, and reported as a fraction of the faster of two device-to-device
 copies (torch's copy_ and cudaMemcpyAsync) measured in the same run.
+
+Without a GPU visible to torch (or with ``--cpu``) it times the CPU backend instead, beside numpy's
+``exp(x - max) / sum``, ``scipy.special.softmax`` and torch's CPU softmax (each where importable),
+with the peak memory of each call as a multiple of the input.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+import tracemalloc
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 #: the default sweep: tiny to long rows, non-powers of two, vocabulary sizes, one huge row
 DEFAULT_COLS = (1, 7, 32, 100, 128, 1000, 1024, 3000, 4096, 8192, 32000, 50257, 131072, 128256, 262144)
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 #: the latency command's default small inputs (0.5 KiB to 1 MiB of float32)
 LATENCY_SHAPES = ((1, 128), (8, 1000), (64, 1024), (256, 1024), (32, 4096), (4096, 64))
+#: the GPU bench's defaults: input size of the sweep's shapes (MiB) and timed repetitions
+GPU_MIB, GPU_REPS = 256, 20
+#: the CPU bench's defaults: a shorter sweep of smaller inputs, fewer repetitions
+CPU_COLS = (128, 1000, 4096, 50257)
+CPU_DTYPES = ("float32",)
+CPU_MIB, CPU_REPS = 64, 5
+
+
+class BenchError(Exception):
+    """The bench asked for cannot run here: the message says why (the command exits 2)."""
 
 
 @dataclass
@@ -44,10 +65,23 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def default_shapes(dtype: str, target_bytes: int) -> list[tuple[int, ...]]:
-    """2-D shapes of about ``target_bytes`` per input for each default column count."""
+def default_shapes(dtype: str, target_bytes: int, cols: tuple[int, ...] = DEFAULT_COLS) -> list[tuple[int, ...]]:
+    """2-D shapes of about ``target_bytes`` per input for each column count of ``cols``."""
     size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
-    return [(max(1, target_bytes // (size * c)), c) for c in DEFAULT_COLS]
+    return [(max(1, target_bytes // (size * c)), c) for c in cols]
+
+
+def gpu_unavailable() -> str | None:
+    """Why the GPU bench cannot run here (it times against torch on a device torch sees), or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when it finds no driver
+        if not torch.cuda.is_available():
+            return "torch sees no GPU"
+    return None
 
 
 def device_copies(torch) -> list:
@@ -313,17 +347,259 @@ def plot(results: list[Result], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(args) -> int:
-    import torch
-    from rich.console import Console
+# --------------------------------------------------------------------------------------------- CPU
+
+
+def numpy_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """numpy's softmax as users write it: exp(x - max) / sum."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def numpy_log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """numpy's log_softmax as users write it: x - max - log(sum(exp(x - max)))."""
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+#: bind(x, axis) -> a call of one implementation on x, ready to time
+Binder = Callable[[np.ndarray, int], Callable[[], object]]
+
+
+def cpu_implementations(op: str) -> dict[str, Binder]:
+    """The implementations the CPU bench times, by name: portable_softmax's CPU backend, numpy, and
+    scipy.special and torch's CPU op where they are importable."""
+    import portable_softmax as ps
+
+    ours = ps.softmax if op == "softmax" else ps.log_softmax
+    mine = numpy_softmax if op == "softmax" else numpy_log_softmax
+
+    def bind_ours(x, axis):
+        def call():
+            with ps.use_backend("cpu"):
+                return ours(x, axis=axis)
+        return call
+
+    impls: dict[str, Binder] = {"portable_softmax": bind_ours, "numpy": lambda x, axis: lambda: mine(x, axis)}
+    try:
+        import scipy.special
+    except ImportError:
+        pass
+    else:
+        theirs = scipy.special.softmax if op == "softmax" else scipy.special.log_softmax
+        impls["scipy"] = lambda x, axis: lambda: theirs(x, axis=axis)
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        fn = torch.softmax if op == "softmax" else torch.log_softmax
+
+        def bind_torch(x, axis):
+            t = (torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16) if x.dtype.name == "bfloat16"
+                 else torch.from_numpy(x))
+            return lambda: fn(t, dim=axis)
+
+        impls["torch"] = bind_torch
+    return impls
+
+
+def median_ms(fn: Callable[[], object], reps: int, clock=time.perf_counter) -> float:
+    """The median wall time of ``reps`` calls of fn, in ms, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        times.append((clock() - t) * 1e3)
+    return statistics.median(times)
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The most memory numpy (or any allocator tracemalloc sees) held at once during one call of fn,
+    its result included."""
+    tracing = tracemalloc.is_tracing()  # a caller's tracing (python -X tracemalloc) is left running
+    if not tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+@dataclass
+class CpuResult:
+    dtype: str
+    op: str
+    shape: tuple[int, ...]
+    axis: int
+    input_bytes: int
+    #: median ms a call, by implementation (portable_softmax, numpy, scipy, torch); None where it failed
+    ms: dict[str, float | None] = field(default_factory=dict)
+    #: peak memory of a call as a multiple of the input, by implementation (torch's is not traced)
+    peak_x_input: dict[str, float | None] = field(default_factory=dict)
+    max_abs_error_vs_float64: float | None = None
+    within_tolerance: bool | None = None
+
+
+def run_cpu_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str], axis: int, reps: int,
+                  progress=None, seed: int = 0) -> list[CpuResult]:
+    """Times every implementation of cpu_implementations on random inputs (randn x 4) of each shape."""
+    from . import _tolerance, reference
+    from ._dtypes import host_dtype
+
+    rng = np.random.default_rng(seed)
+    results = []
+    for dtype, shapes in shapes_by_dtype.items():
+        for shape in shapes:
+            x = (rng.standard_normal(shape, dtype=np.float32) * 4).astype(host_dtype(dtype))
+            for op in ops:
+                r = CpuResult(dtype, op, tuple(shape), axis, x.nbytes)
+                for name, bind in cpu_implementations(op).items():
+                    call = bind(x, axis)
+                    try:
+                        r.ms[name] = median_ms(call, reps)
+                    except (TypeError, ValueError, RuntimeError):  # another library without this dtype: "-"
+                        if name == "portable_softmax":
+                            raise
+                        r.ms[name] = r.peak_x_input[name] = None
+                        continue
+                    r.peak_x_input[name] = None if name == "torch" else peak_bytes(call) / max(1, x.nbytes)
+                    if name == "portable_softmax" and x.size <= 1 << 27:
+                        y = call()
+                        ref = (reference.softmax if op == "softmax" else reference.log_softmax)(x, axis)
+                        r.max_abs_error_vs_float64 = float(np.nanmax(np.abs(y.astype(np.float64) - ref)))
+                        r.within_tolerance = not _tolerance.outside(y, ref).any()
+                        del y, ref
+                results.append(r)
+                if progress is not None:
+                    progress(r)
+    return results
+
+
+def cpu_name() -> str:
+    """The processor's model name where the OS says it, and the cores this process may use."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+#: short column names of the implementations in the CPU tables
+_SHORT = {"portable_softmax": "ours"}
+
+
+def render_cpu_table(results: list[CpuResult], title: str):
+    """ms a call of each implementation, and our peak memory and error (the other peaks are in the JSON)."""
+    from rich import box
+    from rich.table import Table
+
+    names = list(dict.fromkeys(n for r in results for n in r.ms))
+    # blank rules between columns, one space of padding: ten columns fit 80 characters
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("dtype", "op", "shape", *(_SHORT.get(n, n) for n in names), "peak", "|err|"):
+        table.add_column(col, justify="left" if col in ("dtype", "op") else "right")
+    for r in results:
+        peak = r.peak_x_input.get("portable_softmax")
+        table.add_row(r.dtype, r.op, "x".join(map(str, r.shape)), *(_fmt(r.ms.get(n), ".1f") for n in names),
+                      "-" if peak is None else f"{peak:.1f}x",
+                      _fmt(r.max_abs_error_vs_float64, ".0e") + ("" if r.within_tolerance in (None, True) else "!"))
+    return table
+
+
+def cpu_markdown_table(results: list[CpuResult]) -> str:
+    """One row per (dtype, op, shape): ms a call of each implementation, and the peak memory of ours."""
+    names = list(dict.fromkeys(n for r in results for n in r.ms))
+    lines = ["| dtype | op | shape | axis | " + " | ".join(f"{n} ms" for n in names) + " | peak ours x input |",
+             "|---" * (5 + len(names)) + "|"]
+    for r in results:
+        cells = [_fmt(r.ms.get(n), ".1f") for n in names]
+        lines.append(f"| {r.dtype} | {r.op} | {'x'.join(map(str, r.shape))} | {r.axis} | " + " | ".join(cells)
+                     + f" | {_fmt(r.peak_x_input.get('portable_softmax'), '.1f')} |")
+    return "\n".join(lines)
+
+
+def _cpu_main(args, stderr) -> int:
     from rich.progress import Progress
 
+    reps = args.reps or CPU_REPS
+    dtypes = args.dtypes.split(",") if args.dtypes else list(CPU_DTYPES)
+    if args.shapes:
+        by_dtype = {d: [parse_shape(s) for s in args.shapes.split(",")] for d in dtypes}
+    else:
+        target = int((args.mib or CPU_MIB) * (1 << 20))
+        by_dtype = {d: default_shapes(d, target, CPU_COLS) for d in dtypes}
+    ops = args.ops.split(",")
+    for shape in (s for shapes in by_dtype.values() for s in shapes):
+        if not -len(shape) <= args.axis < len(shape):
+            raise BenchError(f"--axis {args.axis} is out of range for the shape {'x'.join(map(str, shape))}")
+    with Progress(console=stderr) as progress:
+        task = progress.add_task("timing the CPU backend", total=sum(len(s) for s in by_dtype.values()) * len(ops))
+        results = run_cpu_bench(by_dtype, ops, args.axis, reps, progress=lambda r: progress.advance(task))
+    title = (f"{cpu_name()}, {time.strftime('%Y-%m-%d')}: median ms a call of {reps} along axis {args.axis}; "
+             "ours: portable_softmax's CPU backend, its peak memory (x input) and max |error| against float64"
+             + (" (! outside the tolerance)" if any(r.within_tolerance is False for r in results) else ""))
+    _stdout().print(render_cpu_table(results, title))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": cpu_name(), "date": time.strftime("%Y-%m-%d"), "backend": "cpu",
+                       "results": [asdict(r) for r in results]}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(cpu_markdown_table(results) + "\n")
+    return 0
+
+
+def _stdout():
+    """The console the tables go to: a terminal's width, or wide enough for every column in a file or pipe."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def main(args) -> int:
+    """The bench command (arguments as ``portable-softmax bench`` parses them): the GPU bench where torch
+    sees a GPU, else the CPU bench with a line on stderr saying why; BenchError for what cannot run here."""
+    from rich.console import Console
+
+    stderr = Console(stderr=True, soft_wrap=True)
+    why_not_gpu = "--cpu asked for the CPU" if args.cpu else gpu_unavailable()
+    if why_not_gpu:
+        for flag, what in (("latency", "times GPU launches against torch.softmax"),
+                           ("plot", "draws the GPU bench's % of copy")):
+            if getattr(args, flag):
+                raise BenchError(f"bench --{flag} {what} and needs a GPU visible to torch: {why_not_gpu}")
+        if not args.cpu:
+            stderr.print(f"no GPU bench here ({why_not_gpu}): timing the CPU backend instead (--cpu asks for it "
+                         "directly)")
+        return _cpu_main(args, stderr)
+    return _gpu_main(args, stderr)
+
+
+def _gpu_main(args, stderr) -> int:
+    import torch
+    from rich.progress import Progress
+
+    console = _stdout()
     dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
     if args.latency:
         shapes = [parse_shape(s) for s in args.shapes.split(",")] if args.shapes else list(LATENCY_SHAPES)
         latency_dtypes = dtypes if args.dtypes else ["float32"]
-        console = Console()
-        with Progress(console=console) as progress:
+        with Progress(console=stderr) as progress:
             task = progress.add_task("timing calls", total=len(shapes) * len(latency_dtypes))
             rows = latency(shapes, latency_dtypes, args.calls, args.rounds, progress=lambda r: progress.advance(task))
         title = (f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}: wall time a call, medians of "
@@ -334,22 +610,20 @@ def main(args) -> int:
                 json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                            "torch": torch.__version__, "results": rows}, f, indent=1)
         return 0
-    target = int(args.mib * (1 << 20))
+    reps = args.reps or GPU_REPS
     if args.shapes:
         shapes = [parse_shape(s) for s in args.shapes.split(",")]
         by_dtype = {d: shapes for d in dtypes}
     else:
-        by_dtype = {d: default_shapes(d, target) for d in dtypes}
+        by_dtype = {d: default_shapes(d, int((args.mib or GPU_MIB) * (1 << 20))) for d in dtypes}
     ops = args.ops.split(",")
     total = sum(len(s) for s in by_dtype.values()) * len(ops)
-    console = Console()
-    with Progress(console=console) as progress:
+    with Progress(console=stderr) as progress:
         task = progress.add_task("benchmarking", total=total)
-        timer = _Timer(torch, args.reps)
-        results = run_bench(by_dtype, ops, args.axis, args.reps, progress=lambda r: progress.advance(task),
-                            timer=timer)
+        timer = _Timer(torch, reps)
+        results = run_bench(by_dtype, ops, args.axis, reps, progress=lambda r: progress.advance(task), timer=timer)
     device = torch.cuda.get_device_name()
-    title = f"{device}, {time.strftime('%Y-%m-%d')}, median of {args.reps} with L2 flushed"
+    title = f"{device}, {time.strftime('%Y-%m-%d')}, median of {reps} with L2 flushed"
     console.print(render_table(results, title))
     if timer.redone:
         console.print(f"{timer.redone} repetitions timed again: the host issued the call after the GPU's "
