@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+from rich.console import Console
 
-from portable_softmax import bench, cli
-from portable_softmax.bench import Result
+from portable_softmax import _tolerance, bench, cli, reference
+from portable_softmax.bench import CpuResult, Result
 
 
 @pytest.mark.parametrize("text, shape", [("4096x1000", (4096, 1000)), ("1x1e8", (1, 100_000_000)),
@@ -197,3 +202,175 @@ def test_timer_without_stalls_keeps_its_hold():
     timer = bench._Timer(line.torch(), reps=7, clock=line.clock)
     assert timer.median_ms(kernel) == pytest.approx(0.3)
     assert (timer.redone, timer.hold_ms) == (0, pytest.approx(0.5))
+
+
+# ------------------------------------------------------------------------------- the CPU bench, errors
+
+
+def _no_gpu_bench():
+    reason = bench.gpu_unavailable()
+    if reason is None:
+        pytest.skip("torch sees a GPU here: the GPU bench runs")
+    return reason
+
+
+def _bench_cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "portable_softmax.cli", "bench", *argv], capture_output=True,
+                          timeout=300, text=True, env={**os.environ, **(env or {})})
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr  # no progress bar, no traceback
+    assert lines[0].startswith("portable-softmax: error: "), stderr
+    return lines[0]
+
+
+def test_bench_without_a_gpu_times_the_cpu(capsys):
+    reason = _no_gpu_bench()
+    assert cli.main(["bench", "--shapes", "64x100", "--reps", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert f"no GPU bench here ({reason}): timing the CPU backend instead" in err
+    header = out.splitlines()
+    assert any(line.split()[:4] == ["dtype", "op", "shape", "ours"] for line in header), out
+    assert "float32  softmax " in out and "float32  log_softmax " in out
+
+
+def test_bench_cpu_results(tmp_path):
+    out, md = tmp_path / "cpu.json", tmp_path / "cpu.md"
+    args = _bench_args("--cpu", "--shapes", "64x300,3x50x7", "--axis", "1", "--reps", "2", "--json", str(out),
+                       "--markdown", str(md))
+    assert bench.main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["backend"] == "cpu"
+    rows = report["results"]
+    assert [(r["shape"], r["op"]) for r in rows] == [([64, 300], "softmax"), ([64, 300], "log_softmax"),
+                                                     ([3, 50, 7], "softmax"), ([3, 50, 7], "log_softmax")]
+    for r in rows:
+        assert r["axis"] == 1 and r["input_bytes"] == 4 * np.prod(r["shape"])
+        assert r["ms"]["portable_softmax"] > 0 and r["ms"]["numpy"] > 0
+        assert r["within_tolerance"] is True and r["max_abs_error_vs_float64"] < 1e-5
+        # the result alone is one input's worth; numpy's exp(x - max) / sum holds one temporary more
+        assert r["peak_x_input"]["portable_softmax"] >= 1.0
+        assert 1.0 <= r["peak_x_input"]["numpy"] < 3.5
+    assert md.read_text().count("\n| float32 |") == 4
+
+
+def test_bench_cpu_row_of_16_bit_inputs(tmp_path):
+    out = tmp_path / "cpu.json"
+    assert bench.main(_bench_args("--cpu", "--shapes", "16x64", "--dtypes", "float16,bfloat16", "--ops",
+                                  "softmax", "--reps", "1", "--json", str(out))) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["dtype"] for r in rows] == ["float16", "bfloat16"]
+    assert all(r["within_tolerance"] and r["ms"]["portable_softmax"] > 0 for r in rows)
+
+
+def test_bench_without_torch_times_the_cpu_without_a_torch_column(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    assert bench.gpu_unavailable() == "torch is not installed"
+    assert cli.main(["bench", "--shapes", "32x10", "--reps", "1", "--ops", "softmax"]) == 0
+    out, err = capsys.readouterr()
+    assert "no GPU bench here (torch is not installed)" in err
+    assert "ours" in out and "numpy" in out and "torch" not in out.split("\n", 1)[1]
+    assert cli.main(["bench", "--latency"]) == 2
+    assert "needs a GPU visible to torch: torch is not installed" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--latency"], "bench --latency times GPU launches against torch.softmax and needs a GPU visible to torch"),
+    (["--plot", "PNG"], "bench --plot draws the GPU bench's % of copy and needs a GPU visible to torch"),
+])
+def test_gpu_only_modes_without_a_gpu_fail_before_any_progress(tmp_path, argv, message):
+    reason = _no_gpu_bench()
+    done = _bench_cli(*[str(tmp_path / "b.png") if a == "PNG" else a for a in argv])
+    assert done.returncode == 2
+    assert f"{message}: {reason}" in _one_error_line(done.stderr)
+    assert done.stdout == "" and not (tmp_path / "b.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cpu", "--latency"], "bench --latency times GPU launches against torch.softmax; it has no --cpu form"),
+    (["--cpu", "--plot", "b.png"], "bench --plot draws the GPU bench's % of copy; it has no --cpu form"),
+    (["--json", "/nonexistent/dir/b.json"], "--json /nonexistent/dir/b.json: the directory /nonexistent/dir does"),
+    (["--markdown", "."], "--markdown .: is a directory"),
+    (["--ops", "softmax,logsoftmax"], "--ops: 'logsoftmax' not known; accepted: softmax, log_softmax"),
+    (["--dtypes", "float32,int8"], "--dtypes: 'int8' not known; accepted: float32, float16, bfloat16, float64"),
+    (["--reps", "0"], "--reps must be positive, not 0"),
+    (["--mib", "-1"], "--mib must be positive, not -1"),
+    (["--shapes", "4096 by 1000"], "shape '4096 by 1000' is not like 4096x1000"),
+    (["--shapes", "8x8,2x3x4", "--axis", "2"], "--axis 2 is out of range for the shape 8x8 (accepted: -2 to 1)"),
+    (["--axis", "-3"], "--axis -3 is out of range for the shapes of the default sweep (2-D)"),
+])
+def test_bench_mistakes_are_one_line_and_exit_2(capsys, argv, message):
+    assert cli.main(["bench", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert message in _one_error_line(err) and out == ""
+
+
+def test_bench_mistakes_from_a_shell():
+    done = _bench_cli("--json", "/nonexistent/dir/b.json")
+    assert done.returncode == 2 and "does not exist" in _one_error_line(done.stderr)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_every_cpu_implementation_computes_the_op(rng, op):
+    x = (rng.standard_normal((17, 33)) * 4).astype(np.float32)
+    impls = bench.cpu_implementations(op)
+    assert list(impls)[:2] == ["portable_softmax", "numpy"]
+    ref = (reference.softmax if op == "softmax" else reference.log_softmax)(x, 0)
+    for name, bind in impls.items():
+        y = np.asarray(bind(x, 0)())
+        assert y.shape == x.shape and y.dtype == np.float32, name
+        assert not _tolerance.outside(y, ref).any(), name
+
+
+def test_median_ms_times_each_call_after_a_warm_up():
+    ticks = iter([0.0, 0.004, 1.0, 1.001, 2.0, 2.010])  # start, end of three timed calls
+    calls = []
+    assert bench.median_ms(lambda: calls.append(1), 3, clock=lambda: next(ticks)) == pytest.approx(4.0)
+    assert len(calls) == 4
+
+
+def test_peak_bytes_counts_what_a_call_holds_at_once():
+    n = 1 << 22
+
+    def two_buffers():
+        a = np.ones(n, np.uint8)
+        b = np.ones(n, np.uint8)
+        return a, b
+
+    assert 2 * n <= bench.peak_bytes(two_buffers) < 2 * n + (1 << 16)
+    assert bench.peak_bytes(lambda: [np.ones(n, np.uint8) for _ in range(3)][0]) >= 3 * n
+
+
+def _cpu_results() -> list[CpuResult]:
+    ms = {"portable_softmax": 118.0, "numpy": 77.0, "scipy": 73.0, "torch": 60.0}
+    peaks = {"portable_softmax": 4.0, "numpy": 2.0, "scipy": 2.0, "torch": None}
+    return [CpuResult("float32", op, (4096, 4096), -1, 4096 * 4096 * 4, dict(ms), dict(peaks), 3e-7, True)
+            for op in ("softmax", "log_softmax")] + [
+        CpuResult("float16", "softmax", (262144, 50257), 0, 2, {"portable_softmax": 1234.5, "numpy": None,
+                                                                 "scipy": 99.0, "torch": 8.0},
+                  {"portable_softmax": 4.0}, 2e-3, False)]
+
+
+def test_cpu_table_fits_80_columns_and_marks_results_outside_the_tolerance():
+    console = Console(width=80, record=True)
+    console.print(bench.render_cpu_table(_cpu_results(), "title"))
+    text = console.export_text()
+    assert "…" not in text  # nothing cut short
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("float")]
+    assert rows[0] == ["float32", "softmax", "4096x4096", "118.0", "77.0", "73.0", "60.0", "4.0x", "3e-07"]
+    assert rows[2] == ["float16", "softmax", "262144x50257", "1234.5", "-", "99.0", "8.0", "4.0x", "2e-03!"]
+
+
+def test_cpu_markdown_table():
+    lines = bench.cpu_markdown_table(_cpu_results()).splitlines()
+    assert lines[0] == ("| dtype | op | shape | axis | portable_softmax ms | numpy ms | scipy ms | torch ms "
+                        "| peak ours x input |")
+    assert lines[2] == "| float32 | softmax | 4096x4096 | -1 | 118.0 | 77.0 | 73.0 | 60.0 | 4.0 |"
+    assert lines[4] == "| float16 | softmax | 262144x50257 | 0 | 1234.5 | - | 99.0 | 8.0 | 4.0 |"
+
+
+def test_default_cpu_sweep():
+    shapes = bench.default_shapes("float32", bench.CPU_MIB << 20, bench.CPU_COLS)
+    assert (4096, 4096) in shapes and [c for _, c in shapes] == list(bench.CPU_COLS)
