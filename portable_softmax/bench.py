@@ -542,9 +542,6 @@ def _cpu_main(args, stderr) -> int:
         target = int((args.mib or CPU_MIB) * (1 << 20))
         by_dtype = {d: default_shapes(d, target, CPU_COLS) for d in dtypes}
     ops = args.ops.split(",")
-    for shape in (s for shapes in by_dtype.values() for s in shapes):
-        if not -len(shape) <= args.axis < len(shape):
-            raise BenchError(f"--axis {args.axis} is out of range for the shape {'x'.join(map(str, shape))}")
     with Progress(console=stderr) as progress:
         task = progress.add_task("timing the CPU backend", total=sum(len(s) for s in by_dtype.values()) * len(ops))
         results = run_cpu_bench(by_dtype, ops, args.axis, reps, progress=lambda r: progress.advance(task))
@@ -577,13 +574,21 @@ def main(args) -> int:
     from rich.console import Console
 
     stderr = Console(stderr=True, soft_wrap=True)
-    why_not_gpu = "--cpu asked for the CPU" if args.cpu else gpu_unavailable()
-    if why_not_gpu:
-        for flag, what in (("latency", "times GPU launches against torch.softmax"),
-                           ("plot", "draws the GPU bench's % of copy")):
-            if getattr(args, flag):
-                raise BenchError(f"bench --{flag} {what} and needs a GPU visible to torch: {why_not_gpu}")
-        if not args.cpu:
+    given = {f" {s}": parse_shape(s) for s in args.shapes.split(",")} if args.shapes else {}
+    for text, shape in (given or {"s of the default sweep (2-D)": (1, 1)}).items():
+        if not -len(shape) <= args.axis < len(shape):
+            raise BenchError(f"--axis {args.axis} is out of range for the shape{text} "
+                             f"(accepted: {-len(shape)} to {len(shape) - 1})")
+    gpu_only = [(flag, what) for flag, what in (("latency", "times GPU launches against torch.softmax"),
+                                                ("plot", "draws the GPU bench's % of copy")) if getattr(args, flag)]
+    if args.cpu and gpu_only:
+        raise BenchError(f"bench --{gpu_only[0][0]} {gpu_only[0][1]}; it has no --cpu form")
+    why_not_gpu = None if args.cpu else gpu_unavailable()
+    if args.cpu or why_not_gpu:
+        if gpu_only:
+            flag, what = gpu_only[0]
+            raise BenchError(f"bench --{flag} {what} and needs a GPU visible to torch: {why_not_gpu}")
+        if why_not_gpu:
             stderr.print(f"no GPU bench here ({why_not_gpu}): timing the CPU backend instead (--cpu asks for it "
                          "directly)")
         return _cpu_main(args, stderr)
