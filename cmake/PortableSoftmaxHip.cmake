@@ -102,20 +102,31 @@ function(_ps_hip_arch_supported arch out)
   endif()
 endfunction()
 
+# The AMD GPUs of the build machine (gfx names; the CPU agent gfx000 left out), from
+# rocm_agent_enumerator or rocminfo; empty without either or without a GPU.
+function(ps_hip_machine_agents out)
+  set(agents "")
+  find_program(PS_ROCM_AGENT_ENUMERATOR rocm_agent_enumerator
+               HINTS "${CMAKE_HIP_COMPILER_ROCM_ROOT}/bin" ENV ROCM_PATH /opt/rocm PATH_SUFFIXES bin)
+  find_program(PS_ROCMINFO rocminfo HINTS "${CMAKE_HIP_COMPILER_ROCM_ROOT}/bin" ENV ROCM_PATH /opt/rocm
+               PATH_SUFFIXES bin)
+  foreach(tool IN ITEMS PS_ROCM_AGENT_ENUMERATOR PS_ROCMINFO)
+    if(${tool} AND NOT agents)
+      execute_process(COMMAND "${${tool}}" OUTPUT_VARIABLE listing RESULT_VARIABLE rc ERROR_QUIET TIMEOUT 60)
+      if(rc EQUAL 0)
+        string(REGEX MATCHALL "gfx[0-9a-f]+" agents "${listing}")
+        list(REMOVE_ITEM agents gfx000)
+        list(REMOVE_DUPLICATES agents)
+      endif()
+    endif()
+  endforeach()
+  set(${out} "${agents}" PARENT_SCOPE)
+endfunction()
+
 # CMAKE_HIP_ARCHITECTURES when the user gave none: the machine's AMD GPUs, else
 # the defaults above, each replaced by its older relative where unsupported.
 function(_ps_hip_default_architectures out)
-  set(archs "")
-  find_program(PS_ROCM_AGENT_ENUMERATOR rocm_agent_enumerator HINTS "${CMAKE_HIP_COMPILER_ROCM_ROOT}/bin")
-  if(PS_ROCM_AGENT_ENUMERATOR)
-    execute_process(COMMAND "${PS_ROCM_AGENT_ENUMERATOR}" OUTPUT_VARIABLE agents RESULT_VARIABLE rc ERROR_QUIET)
-    if(rc EQUAL 0)
-      string(REGEX MATCHALL "gfx[0-9a-f]+" agents "${agents}")
-      list(REMOVE_ITEM agents gfx000)  # the CPU agent
-      list(REMOVE_DUPLICATES agents)
-      set(archs ${agents})
-    endif()
-  endif()
+  ps_hip_machine_agents(archs)
   if(NOT archs)
     foreach(arch IN LISTS PS_HIP_DEFAULT_ARCHITECTURES)
       _ps_hip_arch_supported(${arch} ok)
@@ -134,6 +145,17 @@ function(_ps_hip_default_architectures out)
   set(${out} "${archs}" PARENT_SCOPE)
 endfunction()
 
+# Whether a HIP toolchain is installed (hipconfig, or a HIP compiler given by hand), without
+# enabling the language.
+function(ps_hip_toolchain_present out)
+  find_program(PS_HIPCONFIG hipconfig HINTS ENV ROCM_PATH ENV HIP_PATH /opt/rocm PATH_SUFFIXES bin)
+  if(CMAKE_HIP_COMPILER OR PS_HIPCONFIG)
+    set(${out} TRUE PARENT_SCOPE)
+  else()
+    set(${out} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
+
 # A macro, not a function: enable_language must run in the directory's scope.
 macro(ps_find_hip out)
   set(${out} FALSE)
@@ -145,10 +167,12 @@ macro(ps_find_hip out)
   set(ENV{HIP_PLATFORM} amd)
   _ps_hip_locate_toolchain(ps_hip_found)
   if(ps_hip_found)
-    if(NOT DEFINED CMAKE_HIP_ARCHITECTURES OR CMAKE_HIP_ARCHITECTURES STREQUAL "")
+    ps_architectures_given(HIP ps_hip_archs_given)
+    if(NOT ps_hip_archs_given)
       _ps_hip_default_architectures(ps_hip_archs)
       if(ps_hip_archs)
-        set(CMAKE_HIP_ARCHITECTURES "${ps_hip_archs}" CACHE STRING "HIP architectures" FORCE)
+        # A plain variable, not a cache entry: a later configure of this build directory decides afresh.
+        set(CMAKE_HIP_ARCHITECTURES "${ps_hip_archs}")
       else()
         message(WARNING "portable_softmax: ${CMAKE_HIP_COMPILER} built none of ${PS_HIP_DEFAULT_ARCHITECTURES}")
         set(ps_hip_found FALSE)
@@ -163,6 +187,11 @@ macro(ps_find_hip out)
 endmacro()
 
 function(ps_build_hip_code_objects)
+  list(LENGTH PS_KERNEL_DTYPES n)
+  list(JOIN PS_KERNEL_DTYPES " " dtypes)
+  message(STATUS "portable_softmax: compiling ${n} HIP code-object bundles (${dtypes}) for "
+                 "${CMAKE_HIP_ARCHITECTURES} with ${CMAKE_HIP_COMPILER}; several minutes on a few cores "
+                 "(`pip install -v .` shows each)")
   foreach(dt IN LISTS PS_KERNEL_DTYPES)
     add_library(ps_hip_${dt} OBJECT "${PROJECT_SOURCE_DIR}/src_hip/softmax_${dt}.hip")
     # Device code only: the object is then the bundle of linked code objects.
@@ -173,5 +202,4 @@ function(ps_build_hip_code_objects)
     install(FILES $<TARGET_OBJECTS:ps_hip_${dt}> DESTINATION "${PS_INSTALL_DIR}" RENAME "softmax_${dt}.hsaco")
   endforeach()
   set(PS_HIP_ARCHS_BUILT "${CMAKE_HIP_ARCHITECTURES}" PARENT_SCOPE)
-  message(STATUS "portable_softmax: HIP code objects for ${CMAKE_HIP_ARCHITECTURES} (${CMAKE_HIP_COMPILER})")
 endfunction()

@@ -63,6 +63,25 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def _amd_gpus_present() -> bool:
+    for tool in ("rocm_agent_enumerator", "rocminfo"):
+        path = shutil.which(tool)
+        if path:
+            proc = subprocess.run([path], capture_output=True, text=True)
+            if proc.returncode == 0 and set(re.findall(r"gfx[0-9a-f]+", proc.stdout)) - {"gfx000"}:
+                return True
+    return False
+
+
+def _configure(build: Path, *defines: str) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [CMAKE, "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DPORTABLE_SOFTMAX_FASTLAUNCH=off", *defines]
+    proc = run(cmd)
+    return proc, json.loads((build / "build_info.json").read_text())
+
+
+no_amd_gpu_here = pytest.mark.skipif(_amd_gpus_present(), reason="an AMD GPU is present: auto compiles for it here")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """The package's kernels/ directory as `pip install` with PORTABLE_SOFTMAX_BACKEND=hip lays it out."""
@@ -97,14 +116,34 @@ def test_build_records_its_targets_and_ships_the_source_for_hiprtc(installed):
 def test_default_architectures_cover_wave64_and_wave32(tmp_path):
     """Without CMAKE_HIP_ARCHITECTURES (and no AMD GPU to ask), CMake picks the defaults or, where the
     toolchain is too old for one, its nearest older relative: CDNA and RDNA are always both built."""
-    run([CMAKE, "-S", str(REPO), "-B", str(tmp_path), "-G", "Ninja", "-DPORTABLE_SOFTMAX_BACKEND=hip"])
-    cache = (tmp_path / "CMakeCache.txt").read_text()
-    archs = re.search(r"^CMAKE_HIP_ARCHITECTURES:STRING=(.*)$", cache, flags=re.M).group(1).split(";")
+    _, info = _configure(tmp_path, "-DPORTABLE_SOFTMAX_BACKEND=hip")
+    archs = info["hip_architectures"].split(";")
     allowed = {"gfx90a", "gfx942", "gfx1100", "gfx1200", "gfx940", "gfx1030"}
     if set(archs) - allowed:
         pytest.skip(f"this machine's own GPUs were chosen ({archs}); the default list applies elsewhere")
     assert any(a.startswith("gfx9") for a in archs), archs  # wave64 CDNA
     assert any(a.startswith(("gfx10", "gfx11", "gfx12")) for a in archs), archs  # wave32 RDNA
+    # The defaults are not cached as if given by hand: configuring the same directory again in auto
+    # mode, on this machine without a GPU, installs the source only.
+    _, again = _configure(tmp_path, "-DPORTABLE_SOFTMAX_BACKEND=auto")
+    assert again["backend"] == "none", again
+
+
+@no_amd_gpu_here
+def test_auto_build_without_a_gpu_installs_the_source_only(tmp_path):
+    """A plain `pip install .` on a machine with hipcc and no GPU: no code objects, the source for hipRTC."""
+    proc, info = _configure(tmp_path)
+    assert info["backend"] == "none" and info["hip_architectures"] == ""
+    assert "a HIP compiler found, but no GPU on this machine and no architectures given" in proc.stdout
+    assert "CMAKE_HIP_ARCHITECTURES" in proc.stdout
+    assert "CMAKE_HIP_COMPILER:" not in (tmp_path / "CMakeCache.txt").read_text()
+
+
+@no_amd_gpu_here
+def test_given_hip_architectures_compile_code_objects_without_a_gpu(tmp_path):
+    proc, info = _configure(tmp_path, "-DCMAKE_HIP_ARCHITECTURES=gfx1030")
+    assert info["backend"] == "hip" and info["hip_architectures"] == "gfx1030"
+    assert re.search(r"compiling \d+ HIP code-object bundles \(f32 [a-z0-9 ]+\) for gfx1030", proc.stdout)
 
 
 def test_hiprtc_compiles_the_packaged_source_on_the_cpu(tmp_path):
