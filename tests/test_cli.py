@@ -83,8 +83,8 @@ def test_demo_outside_the_tolerance_exits_1(capsys, monkeypatch, dtype, describe
         return y
 
     monkeypatch.setattr(cli, "softmax", one_value_off)
-    with portable_softmax.use_backend("cpu"):
-        assert main(["run", "--dtype", dtype]) == 1
+    monkeypatch.setenv(_probe.ENV_VAR, "cpu")  # numpy arrays reach the stand-in on every machine
+    assert main(["run", "--dtype", dtype]) == 1
     assert f"1 of 4096000 values OUTSIDE {describe}" in capsys.readouterr().err
 
 
