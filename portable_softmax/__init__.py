@@ -8,13 +8,20 @@ True
 
 __version__ = "0.1.0"
 
-import sys  # noqa: E402
-
 from . import _torch_op, reference  # noqa: E402
 from ._probe import backend_info  # noqa: E402
 from .api import log_softmax, softmax, use_backend  # noqa: E402
 
 __all__ = ["softmax", "log_softmax", "backend_info", "reference", "use_backend", "__version__"]
 
-if "torch" in sys.modules:  # a saved torch.export program that calls portable_softmax::softmax then loads
-    _torch_op.register()
+
+def _register_with_torch() -> None:
+    """A saved torch.export program that calls portable_softmax::softmax loads once torch is
+    imported: the operator is registered on import where torch is imported already."""
+    import sys
+
+    if "torch" in sys.modules:
+        _torch_op.register()
+
+
+_register_with_torch()

@@ -16,6 +16,39 @@ from ._dtypes import host_dtype, itemsize, storage_name
 
 #: DLPack device types
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
+#: Python values taken as numpy would take them (array_like): numbers and nested lists / tuples
+ARRAY_LIKE = (list, tuple, int, float, complex)
+MASKED_ARRAY_ERROR = ("numpy masked arrays are not supported: the mask would be ignored. Pass "
+                      "x.filled(-numpy.inf) to give masked elements zero weight, or x.data to use every element")
+
+
+def array_like(x) -> np.ndarray | np.generic:
+    """A Python number or (nested) list as numpy: a float64 scalar or array where numpy would make
+    integers or bools of it (as scipy.special.softmax takes them); complex is refused later."""
+    try:
+        a = np.asarray(x)
+    except ValueError as e:  # ragged lists
+        raise TypeError(f"cannot make an array of this {type(x).__name__}: {e}") from None
+    if a.dtype.kind in "iub":
+        a = a.astype(np.float64)
+    elif a.dtype.kind not in "fc":
+        raise TypeError(f"expected an array or numbers, got a {type(x).__name__} of {a.dtype} "
+                        f"(as numpy reads it); supported: float32, float16, bfloat16, float64 arrays")
+    return a[()] if a.ndim == 0 else a
+
+
+def cast(x, name: str):
+    """``x`` in dtype ``name`` (the ``dtype=`` keyword): torch's .to (autograd goes through it),
+    the others' astype; a bare DLPack producer comes back as numpy or its own type."""
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return x.to(getattr(torch, name))
+    if hasattr(x, "astype"):
+        return x.astype(host_dtype(name) if module != "cupy" else name)
+    src = classify(x)
+    return src.wrap(src.array.astype(host_dtype(name)))
 
 
 class Host:
@@ -26,7 +59,9 @@ class Host:
     def __init__(self, array: np.ndarray, wrap=None):
         self.array = array
         self.wrap = wrap or (lambda a: a)
-        self.dtype = storage_name(array.dtype)
+        dtype = array.dtype
+        # an out= of the other byte order is written with a conversion; inputs are converted before
+        self.dtype = storage_name(dtype if dtype.isnative else dtype.newbyteorder("="))
         self.shape = array.shape
 
 
@@ -61,6 +96,10 @@ class DeviceArray:
 
     def result(self, y):
         return y
+
+    def fill_empty_rows(self, y, axis: int, value: float) -> None:
+        """Set y's rows (along ``axis``) where this input is all -inf to ``value``, on its stream."""
+        raise NotImplementedError
 
 
 def torch_current_stream(torch, device_index: int) -> int:
@@ -108,6 +147,9 @@ class TorchDevice(DeviceArray):
     def copy_into(self, target):
         target.copy_(self.array)
 
+    def fill_empty_rows(self, y, axis, value):
+        y.masked_fill_(self.torch.isneginf(self.array).all(axis, keepdim=True), value)
+
 
 class CupyDevice(DeviceArray):
     def __init__(self, a, wrap=None):
@@ -147,6 +189,10 @@ class CupyDevice(DeviceArray):
     def copy_into(self, target):
         target[...] = self.array
 
+    def fill_empty_rows(self, y, axis, value):
+        with self.cupy.cuda.Device(self.device_index):
+            self.cupy.copyto(y, value, where=self.cupy.isneginf(self.array).all(axis=axis, keepdims=True))
+
     def result(self, y):
         return self.wrap(y) if self.wrap else y
 
@@ -156,9 +202,14 @@ def _namespace_of(x):
     return ns() if ns else sys.modules.get(type(x).__module__.split(".")[0])
 
 
-def classify(x) -> Host | DeviceArray:
-    """The adapter for ``x``; raises TypeError for what is not an array."""
+def classify(x, writes: bool = False) -> Host | DeviceArray:
+    """The adapter for ``x``; raises TypeError for what is not an array. A numpy input of the other
+    byte order is converted (a copy); one written into (``writes``, an out=) is kept as it is."""
     if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray and isinstance(x, np.ma.MaskedArray):
+            raise TypeError(MASKED_ARRAY_ERROR)
+        if not writes and not x.dtype.isnative and x.dtype.kind == "f":
+            x = x.astype(x.dtype.newbyteorder("="))
         return Host(x)
     if isinstance(x, (np.generic,)):
         return Host(np.asarray(x), wrap=lambda a: a[()])
@@ -173,13 +224,10 @@ def classify(x) -> Host | DeviceArray:
         return CupyDevice(x)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         return _from_dlpack(x)
-    if isinstance(x, (list, tuple, float, int)):
-        raise TypeError(
-            f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}; "
-            "wrap Python numbers with numpy.asarray(...)"
-        )
+    if isinstance(x, ARRAY_LIKE):
+        return Host(np.asarray(array_like(x)), wrap=lambda a: a if isinstance(x, (list, tuple)) else a[()])
     raise TypeError(
-        f"expected an array (numpy, cupy, torch, or a __dlpack__ producer), got {type(x).__name__}"
+        f"expected an array (numpy, cupy, torch, or a __dlpack__ producer) or numbers, got {type(x).__name__}"
     )
 
 

@@ -21,6 +21,22 @@ def storage_name(dtype) -> str:
     )
 
 
+def dtype_name(dtype) -> str:
+    """The storage name of a ``dtype=`` argument: a name, or a numpy, ml_dtypes, torch or JAX dtype."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in SUPPORTED:
+        try:
+            name = np.dtype(dtype).name
+        except (TypeError, ValueError):
+            pass
+    if name in SUPPORTED:
+        return name
+    raise UnsupportedDtypeError(
+        f"dtype= takes a floating-point dtype; got {dtype!r}. Supported dtypes: {', '.join(SUPPORTED)} "
+        "(as names, or numpy, torch or JAX dtypes)"
+    )
+
+
 def host_dtype(name: str) -> np.dtype:
     """The numpy dtype for a storage name (bfloat16 through ml_dtypes)."""
     if name == "bfloat16":

@@ -73,6 +73,8 @@ def _build():
             dy = y32 * (t32 - jnp.sum(t32 * y32, axis=axis, keepdims=True))
         else:
             dy = t32 - jnp.sum(t32 * jnp.exp(y32), axis=axis, keepdims=True)
+            if safe:  # a safe log_softmax's rows of all -inf are constant: a zero tangent there
+                dy = jnp.where(jnp.isneginf(y32).all(axis=axis, keepdims=True), 0.0, dy)
         return y, dy.astype(y.dtype)
 
     return softmax

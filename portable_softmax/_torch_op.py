@@ -130,14 +130,16 @@ def _register() -> None:
 
 
 def _composite(torch, x, axis: int, op: str, safe: bool):
-    """torch's own softmax / log_softmax with this package's semantics (a safe all -inf row gives 0),
-    for torch.compile under forward-mode AD, where only torch's operators carry a tangent."""
-    if op == "log_softmax":
-        return torch.log_softmax(x, axis)
-    y = torch.softmax(x, axis)
-    if safe and x.dim():
-        y = torch.where(torch.isneginf(x).all(axis, keepdim=True), torch.zeros_like(y), y)
-    return y
+    """torch's own softmax / log_softmax with this package's semantics (a safe all -inf row gives 0,
+    or -inf for log_softmax), for torch.compile under forward-mode AD, where only torch's operators
+    carry a tangent."""
+    f = torch.log_softmax if op == "log_softmax" else torch.softmax
+    if not (safe and x.dim()):
+        return f(x, axis)
+    # the empty rows computed from zeros, so that no NaN reaches their (zero) derivatives
+    empty = torch.isneginf(x).all(axis, keepdim=True)
+    y = f(torch.where(empty, torch.zeros_like(x), x), axis)
+    return torch.where(empty, torch.full_like(y, -float("inf") if op == "log_softmax" else 0.0), y)
 
 
 def _batched(torch, x, axis: int, op: str, safe: bool):
@@ -188,9 +190,17 @@ def _vmap_rule(info, in_dims, x, axis, op, safe):
 
 
 def _setup_context(ctx, inputs, output):
-    x, axis, op, _ = inputs
+    x, axis, op, safe = inputs
     ctx.save_for_backward(output)
-    ctx.axis, ctx.op, ctx.input_dtype = axis, op, x.dtype
+    ctx.axis, ctx.op, ctx.input_dtype, ctx.safe = axis, op, x.dtype, safe
+
+
+def _zero_empty_rows(ctx, y, dim: int, derivative):
+    """A safe log_softmax's rows of all -inf (constant there) get a zero derivative: torch's formula
+    would pass the incoming one through, as exp(-inf) is 0."""
+    if ctx.op == "log_softmax" and ctx.safe and y.dim():
+        return derivative.masked_fill(torch_module().isneginf(y).all(dim, keepdim=True), 0)
+    return derivative
 
 
 def _setup_forward_context(ctx, inputs, output):
@@ -201,7 +211,8 @@ def _setup_forward_context(ctx, inputs, output):
 def _backward(ctx, grad):
     (y,) = ctx.saved_tensors
     dim = ctx.axis if y.dim() else 0
-    return _backward_ops[ctx.op](grad.contiguous(), y, dim, ctx.input_dtype), None, None, None
+    dx = _backward_ops[ctx.op](grad.contiguous(), y, dim, ctx.input_dtype)
+    return _zero_empty_rows(ctx, y, dim, dx), None, None, None
 
 
 def _jvp(ctx, tangent, *_):
@@ -215,7 +226,7 @@ def _jvp(ctx, tangent, *_):
         out = wide * (t - (t * wide).sum(dim, keepdim=True))
     else:
         out = t - (t * wide.exp()).sum(dim, keepdim=True)
-    return out.to(y.dtype)
+    return _zero_empty_rows(ctx, y, dim, out.to(y.dtype))
 
 
 def _transform_function(torch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -12,8 +13,19 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _jax, _probe, _torch_op
-from ._arrays import DeviceArray, Host, classify, element_misalign, host_view, torch_stream_reader
-from ._dtypes import storage_name
+from ._arrays import (
+    ARRAY_LIKE,
+    MASKED_ARRAY_ERROR,
+    DeviceArray,
+    Host,
+    array_like,
+    cast,
+    classify,
+    element_misalign,
+    host_view,
+    torch_stream_reader,
+)
+from ._dtypes import dtype_name, storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
 from .reference import compute_on_host
@@ -25,22 +37,39 @@ _forced_host_backend: contextvars.ContextVar[str | None] = contextvars.ContextVa
 host_runtimes: dict[str, Any] = {}
 
 
-def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool = False) -> ArrayT:
+#: what ``axis`` takes: one axis, several (softmax over their joint set), or None (all elements)
+Axis = int | tuple[int, ...] | None
+
+
+def softmax(x: ArrayT, axis: Axis = -1, *, out: ArrayT | None = None, safe: bool = False,
+            dim: Axis = None, dtype: Any = None) -> ArrayT:
     """Softmax of ``x`` along ``axis``, as an array of the caller's type on the caller's device.
 
-    numpy, cupy and torch arrays and any ``__dlpack__`` producer are accepted; float16 and
-    bfloat16 compute in float32, float64 in float64. Device arrays are computed in place on
-    their device, on the caller's current stream. A row of all -inf gives NaN (like torch),
-    or 0 with ``safe=True``. A torch tensor that requires grad gets a result autograd goes
-    back through (torch's own softmax backward); torch.func transforms and torch.compile see
-    the call as the operator ``torch.ops.portable_softmax.softmax``; forward-mode AD carries the
-    tangent. Inside jax.jit, grad, jvp and vmap it is a host callback with a custom JVP.
+    numpy, cupy and torch arrays and any ``__dlpack__`` producer are accepted; so are Python
+    numbers and lists (a numpy result). float16 and bfloat16 compute in float32, float64 in
+    float64. ``axis`` is one axis, a tuple of axes (softmax over their joint set, as
+    scipy.special.softmax) or None (over all elements); ``dim`` is a synonym (give one of the two).
+    ``dtype`` casts the input first and returns that dtype (as ``torch.softmax(x, dim, dtype=...)``).
+    Device arrays are computed in place on their device, on the caller's current stream. A row of
+    all -inf gives NaN (like torch), or 0 with ``safe=True``. A torch tensor that requires grad
+    gets a result autograd goes back through (torch's own softmax backward); torch.func
+    transforms and torch.compile see the call as the operator ``torch.ops.portable_softmax.softmax``;
+    forward-mode AD carries the tangent. Inside jax.jit, grad, jvp and vmap it is a host callback
+    with a custom JVP.
 
     >>> import numpy as np, portable_softmax as ps
     >>> ps.softmax(np.array([[1.0, 1.0], [0.0, -np.inf]], dtype=np.float32))
     array([[0.5, 0.5],
            [1. , 0. ]], dtype=float32)
+    >>> ps.softmax([[0.0, 0.0], [0.0, 0.0]], axis=None)
+    array([[0.25, 0.25],
+           [0.25, 0.25]])
+    >>> ps.softmax(np.zeros((2, 2), np.float16), dim=0, dtype="float32")
+    array([[0.5, 0.5],
+           [0.5, 0.5]], dtype=float32)
     """
+    if dim is not None or dtype is not None:  # the plain call pays for these two tests only
+        x, axis = _conventions(x, axis, dim, dtype)
     # plain torch tensors, outside torch.compile's tracing and forward-mode AD: the prepared launches
     if type(x) is _TORCH_TENSOR and not _torch_is_compiling() and _TORCH_FORWARD_AD._current_level < 0:
         y = _run_prepared(x, axis, "softmax", out, safe)
@@ -53,22 +82,41 @@ def softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None, safe: bool 
     return _apply(x, axis, "softmax", out, bool(safe))
 
 
-def log_softmax(x: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+def log_softmax(x: ArrayT, axis: Axis = -1, *, out: ArrayT | None = None, safe: bool = False,
+                dim: Axis = None, dtype: Any = None) -> ArrayT:
     """log(softmax(x)) along ``axis``, computed stably as x - max - log(sum(exp(x - max))).
+
+    The keywords are softmax's. A row of all -inf gives NaN, or -inf (the log of softmax's 0)
+    with ``safe=True``.
 
     >>> import numpy as np, portable_softmax as ps
     >>> ps.log_softmax(np.array([0.0, 0.0]))
     array([-0.69314718, -0.69314718])
+    >>> ps.log_softmax(np.array([[-np.inf, -np.inf]]), safe=True)
+    array([[-inf, -inf]])
     """
+    if dim is not None or dtype is not None:
+        x, axis = _conventions(x, axis, dim, dtype)
     if type(x) is _TORCH_TENSOR and not _torch_is_compiling() and _TORCH_FORWARD_AD._current_level < 0:
-        y = _run_prepared(x, axis, "log_softmax", out, False)
+        y = _run_prepared(x, axis, "log_softmax", out, safe)
         if y is not None:
             return y
     elif type(x) is _CUPY_NDARRAY:
-        y = _run_prepared_cupy(x, axis, "log_softmax", out, False)
+        y = _run_prepared_cupy(x, axis, "log_softmax", out, safe)
         if y is not None:
             return y
-    return _apply(x, axis, "log_softmax", out, False)
+    return _apply(x, axis, "log_softmax", out, bool(safe))
+
+
+def _conventions(x, axis, dim, dtype):
+    """(x, axis) after torch's keywords: ``dim`` for ``axis``, and ``dtype`` as a cast of x."""
+    if dim is not None:
+        if axis != -1:
+            raise TypeError(f"got axis={axis!r} and dim={dim!r}: dim is a synonym of axis, give one of them")
+        axis = dim
+    if dtype is not None:
+        x = cast(array_like(x) if isinstance(x, ARRAY_LIKE) else x, dtype_name(dtype))
+    return x, axis
 
 
 @contextlib.contextmanager
@@ -92,10 +140,75 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def _apply(x, axis, op: str, out, safe: bool):
+    if type(x) is not np.ndarray:
+        if isinstance(x, ARRAY_LIKE):
+            x = array_like(x)
+        elif isinstance(x, np.ndarray):  # a subclass: masked arrays refused, np.matrix kept
+            return _ndarray_subclass(x, axis, op, out, safe)
+    if type(axis) is not int and (axis is None or isinstance(axis, (tuple, list))):
+        return _over_axes(x, axis, op, out, safe)
     how = _torch_op.route(x)
     if how is not None:
         return _through_torch(how, x, axis, op, out, safe)
     return _direct(x, axis, op, out, safe)
+
+
+def _ndarray_subclass(x: np.ndarray, axis, op: str, out, safe: bool):
+    """np.matrix in, np.matrix out; other subclasses of ndarray give an ndarray."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(MASKED_ARRAY_ERROR)
+    y = _apply(x.view(np.ndarray), axis, op, out, safe)
+    return y.view(np.matrix) if isinstance(x, np.matrix) and out is None else y
+
+
+def _over_axes(x, axis, op: str, out, safe: bool):
+    """softmax over the joint set of several axes (None: all of them): those axes moved to the end
+    and flattened into one (a copy where the layout needs one), computed, and put back."""
+    if not hasattr(x, "ndim") or not hasattr(x, "reshape"):  # a bare DLPack producer
+        src = classify(x)
+        y = _over_axes(src.array, axis, op, None if out is None else _out_array(out), safe)
+        return out if out is not None else (src.wrap(y) if isinstance(src, Host) else src.result(y))
+    if out is not None and _jax.is_tracer(x):
+        return _jax.traced(x, 0, op, safe, out)  # its error: out= cannot take a traced array
+    ndim = x.ndim
+    axes = tuple(range(ndim)) if axis is None else tuple(normalize_axis(a, ndim) for a in axis)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"duplicate value in axis={axis!r}")
+    if len(axes) == 1:
+        return _apply(x, axes[0], op, out, safe)
+    keep = [d for d in range(ndim) if d not in axes]
+    perm = (*keep, *axes)
+    shape = tuple(x.shape)
+    kept = tuple(shape[d] for d in keep)
+    moved = x if perm == tuple(range(ndim)) else _permute(x, perm)
+    y = _apply(moved.reshape((*kept, math.prod(shape[d] for d in axes))), -1, op, None, safe)
+    y = y.reshape((*kept, *(shape[d] for d in axes)))
+    if perm != tuple(range(ndim)):
+        y = _permute(y, tuple(sorted(range(ndim), key=perm.__getitem__)))
+    if isinstance(x, np.generic):
+        y = y[()]
+    return y if out is None else _write_out(x, y, out, op)
+
+
+def _permute(a, perm):
+    return a.permute(perm) if type(a).__module__.split(".")[0] == "torch" else a.transpose(perm)
+
+
+def _out_array(out):
+    """The array an out= of a bare DLPack producer writes into."""
+    _refuse_jax_out(out)
+    return classify(out).array
+
+
+def _write_out(x, y, out, op: str):
+    """Copy a computed result into out=, after the checks the direct path makes of out."""
+    how = _torch_op.route(x)
+    if how is not None:
+        _check_torch_out(how, x, out, op)
+        return out.copy_(y)
+    dst = _check_out(classify(x), out)
+    dst.array[...] = classify(y).array
+    return out
 
 
 def _direct(x, axis, op: str, out, safe: bool):
@@ -123,6 +236,11 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     axis = normalize_axis(axis, x.dim())
     if out is None:
         return _torch_op.call(how, x, axis, op, safe)
+    _check_torch_out(how, x, out, op)
+    return out.copy_(_torch_op.call(how, x, axis, op, safe))
+
+
+def _check_torch_out(how: str, x, out, op: str) -> None:
     if how in ("autograd", "forward", "composite"):
         raise ValueError(f"out= cannot take the {op} of a tensor that autograd differentiates (one that "
                          "requires grad, or inside a forward-mode dual level): autograd does not record a "
@@ -132,7 +250,6 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
                          f"and device {x.device}; got {_described(out)}")
-    return out.copy_(_torch_op.call(how, x, axis, op, safe))
 
 
 def _described(value) -> str:
@@ -142,10 +259,17 @@ def _described(value) -> str:
     return type(value).__name__
 
 
+def _refuse_jax_out(out) -> None:
+    if type(out).__module__.split(".")[0] in ("jax", "jaxlib"):
+        raise ValueError("out= cannot be a JAX array: JAX arrays are immutable; use the returned array "
+                         "(a JAX input gives a JAX result)")
+
+
 def _check_out(src, out):
     if out is None:
         return None
-    dst = classify(out)
+    _refuse_jax_out(out)
+    dst = classify(out, writes=True)
     if dst.on_device != src.on_device or (
         src.on_device and (dst.vendor, dst.device_index) != (src.vendor, src.device_index)
     ):
@@ -158,6 +282,8 @@ def _check_out(src, out):
     strides = dst.strides if dst.on_device else host_view(dst.array)[1]
     if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
         raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
+    if not dst.on_device and not dst.array.flags.writeable:
+        raise ValueError("out is read-only; pass a writeable array")
     return dst
 
 
@@ -166,10 +292,12 @@ def _run_host(src: Host, axis: int, op: str, safe: bool, dst: Host | None, out):
     name = _forced_host_backend.get() or _probe.host_backend()
     x = src.array
     if name == "cpu" or x.ndim == 0 or x.size == 0:
-        result = compute_on_host(x, axis, op, safe)
-    else:
-        rt = host_runtimes[name] if name in host_runtimes else _probe.runtime(name)
-        result = run_host_array(rt, x, axis, op, safe)
+        result = compute_on_host(x, axis, op, safe, None if dst is None else dst.array)
+        return out if dst is not None else src.wrap(result)
+    rt = host_runtimes[name] if name in host_runtimes else _probe.runtime(name)
+    result = run_host_array(rt, x, axis, op, safe)
+    if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
+        np.copyto(result, -np.inf, where=np.isneginf(x).all(axis=axis, keepdims=True))
     if dst is not None:
         dst.array[...] = result
         return out
@@ -233,7 +361,9 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
     _launch(rt, src, the_plan, target.ptr, stream)
-    if src.array is original and (dst is None or target is dst) and _preparable(original, out):
+    if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
+        src.fill_empty_rows(target.array, axis, -float("inf"))
+    elif src.array is original and (dst is None or target is dst) and _preparable(original, out):
         _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream, out)
     if dst is not None:
         if target is not dst:

@@ -46,12 +46,25 @@ def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (np.maximum(exp, min_exp) - mantissa)
 
 
-def mismatches(y, x, axis: int = -1, op: str = "softmax", safe: bool = False) -> np.ndarray:
+def _reference(x, axis, op: str, safe: bool) -> np.ndarray:
+    """The float64 reference; ``axis`` may be a tuple of axes or None (their joint set, computed
+    here by moving them to the end and flattening them, apart from the package's own way)."""
+    f = reference.softmax if op == "softmax" else reference.log_softmax
+    if axis is None or isinstance(axis, tuple):
+        axes = range(x.ndim) if axis is None else [a % x.ndim for a in axis]
+        keep = [d for d in range(x.ndim) if d not in axes]
+        moved = np.transpose(x, (*keep, *axes))
+        rows = f(moved.reshape(*moved.shape[:len(keep)], -1), -1, safe=safe).reshape(moved.shape)
+        return np.transpose(rows, np.argsort((*keep, *axes)))
+    return f(x, axis, safe=safe)
+
+
+def mismatches(y, x, axis: int | tuple[int, ...] | None = -1, op: str = "softmax", safe: bool = False) -> np.ndarray:
     """Boolean mask of outputs outside the tolerance (NaN must meet NaN)."""
     y = np.asarray(y)
     assert y.shape == x.shape, f"shape {y.shape} != {x.shape}"
     assert y.dtype == x.dtype, f"dtype {y.dtype} != {x.dtype}"
-    ref = reference.softmax(x, axis, safe=safe) if op == "softmax" else reference.log_softmax(x, axis)
+    ref = _reference(x, axis, op, safe)
     got = y.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - ref)
@@ -64,10 +77,11 @@ def mismatches(y, x, axis: int = -1, op: str = "softmax", safe: bool = False) ->
     return ~ok
 
 
-def assert_matches(y, x, axis: int = -1, op: str = "softmax", safe: bool = False, what: str = "") -> None:
+def assert_matches(y, x, axis: int | tuple[int, ...] | None = -1, op: str = "softmax", safe: bool = False,
+                   what: str = "") -> None:
     bad = mismatches(y, x, axis, op, safe)
     if bad.any():
-        ref = reference.softmax(x, axis, safe=safe) if op == "softmax" else reference.log_softmax(x, axis)
+        ref = _reference(x, axis, op, safe)
         idx = tuple(np.argwhere(bad)[0])
         raise AssertionError(
             f"{what} {op} {x.dtype} shape {x.shape} axis {axis}: {int(bad.sum())} of {bad.size} outputs off; "

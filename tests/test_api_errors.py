@@ -36,11 +36,79 @@ def test_bad_out_raises_value_error(out, message):
         ps.softmax(np.zeros((2, 3), np.float32), out=out)
 
 
-def test_non_arrays_are_rejected():
-    with pytest.raises(TypeError, match="expected an array"):
-        ps.softmax([1.0, 2.0])
-    with pytest.raises(TypeError, match="expected an array"):
-        ps.softmax("1 2 3")
+def test_what_is_no_array_or_numbers_is_rejected():
+    for value in ("1 2 3", b"12", {"a": 1.0}, object(), None):
+        with pytest.raises(TypeError, match="expected an array"):
+            ps.softmax(value)
+    with pytest.raises(TypeError, match="cannot make an array of this list"):
+        ps.softmax([[1.0, 2.0], [3.0]])  # ragged
+    with pytest.raises(TypeError, match="got dtype complex128. Supported dtypes"):
+        ps.softmax([1j, 2.0])
+
+
+def test_axis_and_dim_together_are_refused():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(TypeError, match="got axis=0 and dim=1: dim is a synonym of axis, give one of them"):
+        ps.softmax(x, 0, dim=1)
+    with pytest.raises(TypeError, match="got axis=None and dim=0"):
+        ps.log_softmax(x, axis=None, dim=0)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, "int64", bool, "complex64", "float8", object])
+def test_a_dtype_keyword_that_is_no_supported_float_names_the_supported_ones(dtype):
+    with pytest.raises(TypeError, match=r"dtype= takes a floating-point dtype; got .*Supported dtypes: float32, "
+                                        r"float16, bfloat16, float64"):
+        ps.softmax(np.zeros(3, np.float32), dtype=dtype)
+
+
+def test_bad_axis_tuples_are_numpy_style():
+    x = np.zeros((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"duplicate value in axis=\(0, -3\)"):
+        ps.softmax(x, axis=(0, -3))
+    with pytest.raises(IndexError, match="axis 3 is out of bounds for array of dimension 3"):
+        ps.softmax(x, axis=(0, 3))
+    with pytest.raises(TypeError, match="axis must be an integer, got float"):
+        ps.softmax(x, axis=(0, 1.0))
+
+
+def test_masked_arrays_are_refused_with_what_to_pass_instead():
+    x = np.ma.masked_array(np.zeros((2, 3), np.float32), mask=[[0, 1, 0], [0, 0, 0]])
+    for f in (ps.softmax, ps.log_softmax):
+        with pytest.raises(TypeError, match=r"masked arrays are not supported: the mask would be ignored. "
+                                            r"Pass x.filled\(-numpy.inf\)"):
+            f(x)
+    with pytest.raises(TypeError, match="masked arrays are not supported"):
+        ps.softmax(np.zeros((2, 3), np.float32), out=np.ma.masked_array(np.zeros((2, 3), np.float32)))
+
+
+def test_a_read_only_out_is_refused():
+    out = np.zeros((2, 3), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        ps.softmax(np.zeros((2, 3), np.float32), out=out)
+
+
+def test_a_jax_out_is_refused_as_immutable():
+    jnp = pytest.importorskip("jax.numpy", reason="jax is not installed")
+    x = jnp.zeros((2, 3))
+    for value in (x, np.zeros((2, 3), np.float32)):
+        for axis in (-1, None):
+            with pytest.raises(ValueError, match="out= cannot be a JAX array: JAX arrays are immutable"):
+                ps.softmax(value, axis=axis, out=jnp.zeros((2, 3)))
+
+
+def test_the_public_namespace_holds_only_the_api():
+    """No module the package uses for itself (sys, ...) shows through ``ps.``; what ``__all__``
+    names is there, and every other public name is a submodule of the package."""
+    import types
+
+    assert not hasattr(ps, "sys")
+    assert set(ps.__all__) <= set(dir(ps))
+    for name in dir(ps):
+        if name.startswith("_") or name in ps.__all__:
+            continue
+        value = getattr(ps, name)
+        assert isinstance(value, types.ModuleType) and value.__name__ == f"portable_softmax.{name}", name
 
 
 def test_unknown_backend_is_a_clear_error():
