@@ -171,20 +171,23 @@ def _over_axes(x, axis, op: str, out, safe: bool):
     if out is not None and _jax.is_tracer(x):
         return _jax.traced(x, 0, op, safe, out)  # its error: out= cannot take a traced array
     ndim = x.ndim
-    axes = tuple(range(ndim)) if axis is None else tuple(normalize_axis(a, ndim) for a in axis)
+    axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
     if len(set(axes)) != len(axes):
         raise ValueError(f"duplicate value in axis={axis!r}")
     if len(axes) == 1:
         return _apply(x, axes[0], op, out, safe)
+    # lists rather than generators throughout: torch.compile traces this function
     keep = [d for d in range(ndim) if d not in axes]
     perm = (*keep, *axes)
     shape = tuple(x.shape)
-    kept = tuple(shape[d] for d in keep)
-    moved = x if perm == tuple(range(ndim)) else _permute(x, perm)
-    y = _apply(moved.reshape((*kept, math.prod(shape[d] for d in axes))), -1, op, None, safe)
-    y = y.reshape((*kept, *(shape[d] for d in axes)))
-    if perm != tuple(range(ndim)):
-        y = _permute(y, tuple(sorted(range(ndim), key=perm.__getitem__)))
+    kept = [shape[d] for d in keep]
+    joint = [shape[d] for d in axes]
+    identity = perm == tuple(range(ndim))
+    moved = x if identity else _permute(x, perm)
+    y = _apply(moved.reshape((*kept, math.prod(joint))), -1, op, None, safe)
+    y = y.reshape((*kept, *joint))
+    if not identity:
+        y = _permute(y, tuple([perm.index(d) for d in range(ndim)]))
     if isinstance(x, np.generic):
         y = y[()]
     return y if out is None else _write_out(x, y, out, op)

@@ -85,3 +85,12 @@ def large_input_rules(monkeypatch):
     set_small_input_rules(monkeypatch, False)
     yield
     plan.cache_clear()
+
+
+def pytest_configure(config):
+    """Capture log records of INFO and above unless --log-level (or the log_level ini option) says
+    otherwise: torch's structured-trace logger (torch.__trace) logs at DEBUG always and does not
+    propagate, and pytest attaches its capture handlers to such loggers too, so a failing test that
+    compiled something would report hundreds of "DEBUG torch.__trace" lines."""
+    if config.getoption("log_level") is None and not config.getini("log_level"):
+        config.option.log_level = "INFO"

@@ -29,6 +29,36 @@ def test_numpy_bfloat16(rng):
 def test_numpy_scalar_gives_scalar():
     y = ps.softmax(np.float32(2.0))
     assert isinstance(y, np.float32) and y == 1.0
+    y = ps.log_softmax(np.float16(2.0), axis=None)
+    assert isinstance(y, np.float16) and y == 0.0
+
+
+def test_python_numbers_and_lists_give_numpy():
+    """array_like input, as scipy.special.softmax takes it: integers and bools become float64."""
+    y = ps.softmax([[1, 2, 3], [0, 0, 0]])
+    assert type(y) is np.ndarray and y.dtype == np.float64
+    assert_matches(y, np.array([[1, 2, 3], [0, 0, 0]], np.float64))
+    y = ps.log_softmax((0.5, 1.5), axis=0)
+    assert type(y) is np.ndarray and y.dtype == np.float64
+    assert_matches(y, np.array([0.5, 1.5]), op="log_softmax")
+    assert type(ps.softmax(3.0)) is np.float64 and ps.softmax(3) == 1.0
+    y = ps.softmax([[0.0, 1.0], [2.0, 3.0]], axis=None, dtype="float32")
+    assert y.dtype == np.float32
+    assert_matches(y, np.array([[0.0, 1.0], [2.0, 3.0]], np.float32), axis=None)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass is not the recommended way:PendingDeprecationWarning")
+def test_np_matrix_gives_np_matrix(rng):
+    """A matrix comes back a matrix (as numpy's ufuncs and scipy.special.softmax give it); every
+    axis keyword means what it means for its 2-D array."""
+    x = random_input(rng, (4, 6), "float32")
+    for axis in (0, 1, None, (0, 1)):
+        y = ps.softmax(np.asmatrix(x), axis=axis)
+        assert type(y) is np.matrix and y.shape == x.shape
+        assert_matches(np.asarray(y), x, axis=axis)
+    out = np.asmatrix(np.full_like(x, np.nan))
+    assert ps.log_softmax(np.asmatrix(x), out=out) is out
+    assert_matches(np.asarray(out), x, op="log_softmax")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
@@ -72,6 +102,129 @@ def test_jax_array_in_jax_out(rng):
     y = ps.softmax(jax.numpy.asarray(x))
     assert isinstance(y, jax.Array)
     assert_matches(np.asarray(y), x)
+
+
+# ---- the conventions of torch, scipy and JAX users -----------------------------------------------------
+def _joint(f, t, axes):
+    """``f`` (a library's own softmax) over the joint set of ``axes`` of ``t``: moved to the end,
+    flattened, computed along the last axis, and put back."""
+    keep = [d for d in range(t.ndim) if d not in axes]
+    perm = (*keep, *axes)
+    moved = t.permute(perm) if hasattr(t, "permute") else t.transpose(perm)
+    y = f(moved.reshape(*moved.shape[:len(keep)], -1)).reshape(moved.shape)
+    inverse = tuple(np.argsort(perm).tolist())
+    return y.permute(inverse) if hasattr(y, "permute") else y.transpose(inverse)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_dim_dtype_and_several_axes_with_autograd(op):
+    """dim= is axis=, dtype= is torch.softmax's (the cast is part of the graph), tuple axes and
+    None are the joint set: values and gradients (gradcheck) as torch's on the same layout."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    ours, theirs = getattr(ps, op), getattr(torch, op)
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(3, 4, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    for axis in (None, (0, 2), (2, 1), (0, 1, 2)):
+        axes = tuple(range(3)) if axis is None else axis
+        torch.testing.assert_close(ours(x, axis=axis), _joint(lambda t: theirs(t, -1), x, axes))
+        assert torch.autograd.gradcheck(lambda t, a=axis: ours(t, dim=a), (x,))
+    y = ours(x.float(), dim=1, dtype=torch.float64)
+    assert y.dtype == torch.float64 and y.requires_grad
+    torch.testing.assert_close(y, theirs(x.float(), 1, dtype=torch.float64))
+    single = x.detach().float().requires_grad_()
+    (ours_grad,) = torch.autograd.grad(ours(single, dim=0, dtype=torch.float64)[0, 1, 2], single)
+    (torch_grad,) = torch.autograd.grad(theirs(single, 0, dtype=torch.float64)[0, 1, 2], single)
+    assert ours_grad.dtype == torch.float32
+    torch.testing.assert_close(ours_grad, torch_grad)
+    assert ours(x.detach(), dtype="float32").dtype == torch.float32  # a name works for torch too
+    out = torch.full((3, 4, 5), float("nan"), dtype=torch.float64)
+    assert ours(x.detach(), axis=(0, 2), out=out) is out
+    torch.testing.assert_close(out, _joint(lambda t: theirs(t, -1), x.detach(), (0, 2)))
+    with pytest.raises(ValueError, match="out= cannot take the"):
+        ours(x, axis=(0, 2), out=out)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_operator_path_takes_the_new_keywords(torch_fast_path, op):
+    """torch.func.grad, vmap and torch.compile (fullgraph) with tuple axes, dim= and dtype=."""
+    torch = torch_fast_path
+    ours, theirs = getattr(ps, op), getattr(torch, op)
+    x = torch.randn(4, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+    ref = _joint(lambda t: theirs(t, -1), x, (0, 2))
+    torch.testing.assert_close(torch.func.grad(lambda t: ours(t, axis=(0, 2))[1, 2, 3])(x),
+                               torch.func.grad(lambda t: _joint(lambda u: theirs(u, -1), t, (0, 2))[1, 2, 3])(x))
+    torch.testing.assert_close(torch.vmap(lambda t: ours(t, axis=None), in_dims=1)(x),
+                               torch.vmap(lambda t: theirs(t.reshape(-1), 0).reshape(t.shape), in_dims=1)(x))
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: ours(t, dim=(0, 2), dtype=torch.float32), fullgraph=True, backend="aot_eager")
+    y = f(x.requires_grad_())
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ref.float())
+    (g,) = torch.autograd.grad(y[0, 0, 0], x)
+    (g_ref,) = torch.autograd.grad(_joint(lambda u: theirs(u, -1), x, (0, 2)).float()[0, 0, 0], x)
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_torch_safe_log_softmax_gives_minus_inf_and_zero_derivatives():
+    """log_softmax(safe=True): a row of all -inf gives -inf (the log of softmax's 0), and its
+    gradient and tangent are 0, eagerly, under torch.func and inside torch.compile."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import torch.autograd.forward_ad as forward_ad
+
+    x = torch.tensor([[0.0, 1.0, 2.0], [-float("inf")] * 3])
+    expected = torch.cat([torch.log_softmax(x[:1], -1), torch.full((1, 3), -float("inf"))])
+    weights = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+
+    def loss(t):
+        y = ps.log_softmax(t, safe=True)
+        return (torch.where(torch.isinf(y), 0.0, y * weights)).sum() + y[0].sum()
+
+    leaf = x.clone().requires_grad_()
+    torch.testing.assert_close(ps.log_softmax(leaf, safe=True), expected)
+    loss(leaf).backward()
+    assert torch.equal(leaf.grad[1], torch.zeros(3)) and leaf.grad[0].abs().max() > 0
+    torch.testing.assert_close(torch.func.grad(loss)(x), leaf.grad)
+    tangent = torch.ones(2, 3) + torch.arange(6.0).reshape(2, 3)
+    _, got = torch.func.jvp(lambda t: ps.log_softmax(t, safe=True), (x,), (tangent,))
+    assert torch.equal(got[1], torch.zeros(3)) and got[0].abs().max() > 0
+    with forward_ad.dual_level():
+        dual = ps.log_softmax(forward_ad.make_dual(x, tangent), safe=True)
+        torch.testing.assert_close(forward_ad.unpack_dual(dual).tangent, got)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: torch.func.jvp(lambda t: ps.log_softmax(t, safe=True), (a,), (b,)),
+                      fullgraph=True, backend="aot_eager")
+    primal, compiled_tangent = f(x, tangent)
+    torch.testing.assert_close(primal, expected)
+    torch.testing.assert_close(compiled_tangent, got)
+
+
+def test_jax_several_axes_dim_dtype_and_safe_log_softmax():
+    """JAX arrays, eagerly and under jit, grad and jvp: tuple axes and None against jax.nn's own
+    tuple axes, dim= and dtype=, and log_softmax(safe=True) with zero tangents on empty rows."""
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    jnp = jax.numpy
+    x = 3 * jax.random.normal(jax.random.key(23), (3, 4, 5))
+    for op in ("softmax", "log_softmax"):
+        ours, theirs = getattr(ps, op), getattr(jax.nn, op)
+        for axis in (None, (0, 2), (2, 1)):
+            np.testing.assert_allclose(ours(x, axis=axis), theirs(x, axis=axis), atol=1e-6, rtol=1e-5)
+            np.testing.assert_allclose(jax.jit(lambda t, a=axis, f=ours: f(t, axis=a))(x), theirs(x, axis=axis),
+                                       atol=1e-6, rtol=1e-5)
+            g = jax.grad(lambda t, a=axis, f=ours: (f(t, axis=a) * jnp.arange(5.0)).sum())(x)
+            ref = jax.grad(lambda t, a=axis, f=theirs: (f(t, axis=a) * jnp.arange(5.0)).sum())(x)
+            np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(jax.jit(lambda t, f=ours: f(t, dim=(2, 0)))(x), theirs(x, axis=(0, 2)),
+                                   atol=1e-6, rtol=1e-5)
+        y = ours(x, dim=0, dtype=jnp.bfloat16)
+        assert isinstance(y, jax.Array) and y.dtype == jnp.bfloat16
+        assert jax.jit(lambda t, f=ours: f(t, dtype="float16"))(x).dtype == jnp.float16
+    rows = jnp.array([[0.0, 1.0, 2.0], [-jnp.inf] * 3])
+    for f in (ps.log_softmax, jax.jit(lambda t: ps.log_softmax(t, safe=True))):
+        y = f(rows, safe=True) if f is ps.log_softmax else f(rows)
+        assert jnp.isneginf(y[1]).all()
+        np.testing.assert_allclose(y[0], jax.nn.log_softmax(rows[0]), atol=1e-6)
+    _, tangent = jax.jvp(lambda t: ps.log_softmax(t, safe=True), (rows,), (jnp.ones_like(rows),))
+    assert (tangent[1] == 0).all()
 
 
 # ---- torch autograd ----------------------------------------------------------------------------------
@@ -266,10 +419,29 @@ def test_forward_mode_tangents_match_torchs(torch_fast_path, op, dtype, shape, a
     torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
 
 
+def _compile_takes_dual_inputs(torch) -> bool:
+    """Whether this torch's torch.compile(fullgraph=True) takes an input that carries a forward-mode
+    tangent: torch 2.13 does; 2.14 refuses it (torch._dynamo.exc.Unsupported: "Attempted to wrap a
+    dual tensor input"), for torch.softmax itself as for any function."""
+    import torch.autograd.forward_ad as forward_ad
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: torch.softmax(t, -1), fullgraph=True, backend="aot_eager")
+    with forward_ad.dual_level():
+        try:
+            f(forward_ad.make_dual(torch.zeros(2, 3), torch.ones(2, 3)))
+        except torch._dynamo.exc.Unsupported:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_forward_mode_inside_torch_compile_carries_the_tangent(op):
     """torch.compile drops an autograd function's jvp (pytorch#192985) and the operator has none:
-    under forward mode inside it the call is torch's own softmax, whose tangent is right."""
+    under forward mode inside it the call is torch's own softmax, whose tangent is right. A dual
+    tensor passed into a compiled function is what torch decides: where its torch.compile refuses
+    one (torch 2.14), ours is refused with the same torch error, and without fullgraph the call
+    falls back to eager and carries the tangent."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     import torch.autograd.forward_ad as forward_ad
 
@@ -291,10 +463,21 @@ def test_forward_mode_inside_torch_compile_carries_the_tangent(op):
     rows = [0, 2, 3] if not safe else [0, 1, 2, 3]
     torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=1e-5)
     assert got[rows].abs().max() > 0  # (the operator alone gave zeros)
+
+    def dual_through(compiled):
+        with forward_ad.dual_level():
+            return forward_ad.unpack_dual(compiled(forward_ad.make_dual(x, tangent))).tangent
+
+    takes_dual_inputs = _compile_takes_dual_inputs(torch)
     torch._dynamo.reset()
     g = torch.compile(ours, fullgraph=True, backend="aot_eager")
-    with forward_ad.dual_level():
-        got = forward_ad.unpack_dual(g(forward_ad.make_dual(x, tangent))).tangent
+    if takes_dual_inputs:
+        got = dual_through(g)
+    else:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dual tensor input"):
+            dual_through(g)
+        torch._dynamo.reset()
+        got = dual_through(torch.compile(ours, backend="aot_eager"))  # the graph break runs it eagerly
     torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=1e-5)
 
 
