@@ -159,7 +159,7 @@ def _batched(torch, x, axis: int, op: str, safe: bool):
         # kind functorch takes while a vmap is active
         y = call("transform", rows, rows_axis, op, safe)
     else:  # the public entry points: the prepared launches; a lower vmap level comes back here
-        y = api.softmax(rows, rows_axis, safe=safe) if op == "softmax" else api.log_softmax(rows, rows_axis)
+        y = (api.softmax if op == "softmax" else api.log_softmax)(rows, rows_axis, safe=safe)
     return functorch._add_batch_dim(unrow(y), 0, level)
 
 

@@ -184,6 +184,9 @@ def test_torch_safe_log_softmax_gives_minus_inf_and_zero_derivatives():
     loss(leaf).backward()
     assert torch.equal(leaf.grad[1], torch.zeros(3)) and leaf.grad[0].abs().max() > 0
     torch.testing.assert_close(torch.func.grad(loss)(x), leaf.grad)
+    batch = torch.stack([x, x.flip(0)])
+    torch.testing.assert_close(torch.vmap(lambda t: ps.log_softmax(t, safe=True))(batch),
+                               torch.stack([expected, expected.flip(0)]))
     tangent = torch.ones(2, 3) + torch.arange(6.0).reshape(2, 3)
     _, got = torch.func.jvp(lambda t: ps.log_softmax(t, safe=True), (x,), (tangent,))
     assert torch.equal(got[1], torch.zeros(3)) and got[0].abs().max() > 0

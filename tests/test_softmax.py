@@ -8,6 +8,7 @@ from checks import DTYPES, OPS, assert_matches, boundary_cols, random_input
 from conftest import profile_of
 
 import portable_softmax as ps
+from portable_softmax import reference
 from portable_softmax._dtypes import host_dtype
 
 #: column counts beyond the tier boundaries: odd, prime, vocabulary sizes, not multiples of 4/32/64
@@ -161,6 +162,31 @@ def test_out_argument_is_filled_and_returned(backend, rng):
     view_out = np.full((33, 514), np.nan, np.float32)[:, ::2]
     assert ps.log_softmax(x, out=view_out) is view_out
     assert_matches(view_out, x, op="log_softmax")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op", OPS)
+def test_the_cpu_backend_needs_no_more_memory_than_its_output(rng, op, dtype):
+    """The CPU backend writes its output in place and works in pieces: beyond the output (none
+    with out=) it holds a piece's worth of temporaries, on every axis (numpy's allocations, as
+    tracemalloc counts them)."""
+    import tracemalloc
+
+    x = random_input(rng, (1024, 1024), dtype)
+    piece = reference.CHUNK_ELEMENTS * 4 + (256 << 10)  # a float32 piece; numpy's cast buffers and small arrays
+    out = np.empty_like(x)
+    with ps.use_backend("cpu"):
+        for axis in (-1, 0):
+            for target in (None, out):
+                tracemalloc.start()
+                try:
+                    y = _op(op)(x, axis=axis, out=target)
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                extra = peak - (x.nbytes if target is None else 0)
+                assert extra <= piece, f"axis {axis}, out={target is not None}: {peak} bytes at peak"
+                assert_matches(y, x, axis=axis, op=op)
 
 
 def test_big_endian_input_is_converted_and_big_endian_out_is_filled(backend, rng):
