@@ -31,6 +31,9 @@ LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_regis
                         "cached_registers": 256}
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
+#: ... and at most this many of a 16-bit row (bytes per element -> values): longer 16-bit rows take
+#: the block tier (planner.Tuning.warp_max_values holds the same cap)
+MAX_VALUES_PER_LANE_BY_ITEMSIZE = {2: 32}
 
 
 def compute_type(dtype: str) -> str:
@@ -101,7 +104,8 @@ def thread_row_variants(dtype: str, op: str, warp: int) -> list[WarpVariant]:
 
 def warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]:
     """Lane groups 1..WARP holding one slot each, then whole warps holding 2.. slots
-    (and, for scalar slots, single lanes holding a short row)."""
+    (and, for scalar slots, single lanes holding a short row): the shapes the planner weighs
+    (built_warp_variants: those it can pick)."""
     groups = [WarpVariant(dtype, op, warp, lanes, 1, vec) for lanes in pow2_upto(warp)]
     deep = [WarpVariant(dtype, op, warp, warp, s, vec) for s in pow2_upto(max_slots(dtype, vec)) if s > 1]
     return groups + deep + (thread_row_variants(dtype, op, warp) if vec == 1 else [])
@@ -120,9 +124,34 @@ def one_row_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVaria
             if lanes > 1 and warp_batch(dtype, 1, vec) > 1]
 
 
+#: the fewest values of a row that takes a group of one row a step (planner: small inputs of rows
+#: of at least Tuning.small_input_unstaged_min_cols elements, or groups of exact_group_min_lanes)
+ONE_ROW_MIN_VALUES = 16
+#: float32 rows of this many elements or more take scalar slots (planner: Tuning.scalar_rows_min_cols)
+SCALAR_ROWS_MIN_COLS = 65
+
+
+def plannable(v: WarpVariant) -> bool:
+    """Whether the planner can pick this register-tier shape. It never picks: more values a lane
+    than MAX_VALUES_PER_LANE_BY_ITEMSIZE; scalar groups of 2..THREAD_ROW_SLOTS lanes (such rows
+    take one lane); groups of one row a step holding fewer than ONE_ROW_MIN_VALUES values; and a
+    whole warp of one 16-byte float32 slot a lane taking two rows a step where every row it holds
+    is SCALAR_ROWS_MIN_COLS long (rows of several take scalar slots, a single row the one-row twin)."""
+    itemsize = DTYPES[v.dtype][2]
+    if v.slots * v.vec > MAX_VALUES_PER_LANE_BY_ITEMSIZE.get(itemsize, 1 << 30):
+        return False
+    if v.vec == 1 and 1 < v.lanes <= THREAD_ROW_SLOTS and v.slots == 1:
+        return False
+    if v.one_row and v.lanes * v.vec < ONE_ROW_MIN_VALUES:
+        return False
+    shortest = v.lanes * v.vec // 2 - (v.vec - 1) + 1  # with a misaligned head of vec - 1 elements
+    return not (itemsize == 4 and v.vec > 1 and v.lanes == v.warp and v.slots == 1 and not v.one_row
+                and shortest >= SCALAR_ROWS_MIN_COLS)
+
+
 def built_warp_variants(dtype: str, op: str, warp: int, vec: int) -> list[WarpVariant]:
-    """Every register-tier kernel built for these vectors: warp_variants, then one_row_variants."""
-    return warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec)
+    """Every register-tier kernel built for these vectors: the plannable warp_variants, then one_row_variants."""
+    return [v for v in warp_variants(dtype, op, warp, vec) + one_row_variants(dtype, op, warp, vec) if plannable(v)]
 
 
 def block_name(dtype: str, op: str, warp: int, vec: int) -> str:
@@ -164,21 +193,6 @@ def split_cached_registers_name(dtype: str, op: str, warp: int, vec: int, held: 
 
 def split_registers_configs(dtype: str) -> tuple[tuple[int, int], ...]:
     return SPLIT_REGISTERS_CONFIGS.get(DTYPES[dtype][2], ()) if dtype in BLOCK_REGISTERS_DTYPES else ()
-
-
-#: blocks of a thread block cluster that split a row (NVIDIA sm_90 and newer); clusters of 8
-#: measured no faster than the on-chip split tier (planner.CLUSTER_SPLIT)
-CLUSTER_SIZES = (2, 4)
-
-
-def cluster_name(dtype: str, op: str, vec: int, cluster: int) -> str:
-    """A row split over the blocks of a thread block cluster (warp 32: NVIDIA only)."""
-    return f"ps_split_cluster_{DTYPES[dtype][0]}_{op}_w32_v{vec}_c{cluster}"
-
-
-def cluster_names(dtype: str) -> list[str]:
-    """The cluster kernels of one dtype, built for NVIDIA only."""
-    return [cluster_name(dtype, op, vec, c) for vec in vector_widths(dtype) for op in OPS for c in CLUSTER_SIZES]
 
 
 def strided_name(dtype: str, op: str) -> str:
@@ -226,6 +240,19 @@ def staged_name(dtype: str, op: str) -> str:
 
 #: lanes a row of the staged tier's groups smaller than a warp (built once, for every warp size)
 STAGED_GROUP_LANES = (4, 8, 16)
+#: bytes per element -> the longest row (bytes) the staged groups take (planner.Tuning.staged_group_max_row_bytes)
+STAGED_GROUP_MAX_ROW_BYTES = {2: 8000, 4: 600}
+#: 4-byte words of a row each lane of a staged group takes at least (planner.Tuning.staged_group_min_words)
+STAGED_GROUP_MIN_WORDS = 10
+#: bytes per element of the staged tier with a warp a row
+STAGED_WARP_ITEMSIZES = (2,)
+
+
+def staged_group_lanes(dtype: str) -> tuple[int, ...]:
+    """The staged groups of one dtype: those whose lanes each take STAGED_GROUP_MIN_WORDS words of a
+    row no longer than STAGED_GROUP_MAX_ROW_BYTES (none for float64)."""
+    longest = STAGED_GROUP_MAX_ROW_BYTES.get(DTYPES[dtype][2], 0)
+    return tuple(lanes for lanes in STAGED_GROUP_LANES if 4 * lanes * STAGED_GROUP_MIN_WORDS <= longest)
 
 
 def staged_group_name(dtype: str, op: str, lanes: int) -> str:
@@ -265,51 +292,105 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
     return f"ps_packed_{DTYPES[dtype][0]}_{op}_c{cols}_v{vector_widths(dtype)[1]}"
 
 
-def warp_free_names(dtype: str) -> list[str]:
+#: the tiers that fill shared memory with asynchronous copies (cp.async), which only NVIDIA sm_80 and
+#: newer have (planner.has_async_copy): built for NVIDIA and the emulation, never for AMD, and never
+#: at warp 64
+ASYNC_COPY_MACROS = ("PS_STAGED_GROUP_ENTRY", "PS_STAGED_WARP_ENTRY", "PS_BLOCK_REGISTERS_ENTRY",
+                     "PS_CACHED_REGISTERS_ENTRY")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One extern "C" kernel: its name, and the macro line of softmax.cuh that defines it."""
+
+    name: str
+    macro: str
+    params: tuple
+
+    @property
+    def line(self) -> str:
+        return f"{self.macro}({', '.join(str(p) for p in self.params)})"
+
+    @property
+    def async_copy(self) -> bool:
+        return self.macro in ASYNC_COPY_MACROS
+
+
+def warp_free_entries(dtype: str) -> list[Entry]:
     """The kernels of one dtype that use no shuffles, built once for every warp size."""
-    names = [strided_name(dtype, op) for op in OPS]
-    names += [strided_thread_name(dtype, op, vec, lines) for op in OPS for vec, lines in strided_thread_variants(dtype)]
-    names += [strided_cached_name(dtype, op, vec) for op in OPS for vec in strided_vector_widths(dtype)]
-    names += [staged_name(dtype, op) for op in OPS]
-    names += [staged_group_name(dtype, op, lanes) for op in OPS for lanes in STAGED_GROUP_LANES]
-    return names + [packed_name(dtype, op, cols) for op in OPS for cols in packed_cols(dtype)]
-
-
-def entry_names(dtype: str, warp: int) -> list[str]:
-    """Every extern "C" kernel of one dtype at one warp size (warp_free_names excluded)."""
-    names = []
-    for vec in vector_widths(dtype):
-        names.append(split_partials_name(dtype, warp, vec))
-        for op in OPS:
-            names += [v.name for v in built_warp_variants(dtype, op, warp, vec)]
-            names += [block_name(dtype, op, warp, vec), split_normalize_name(dtype, op, warp, vec),
-                      split_cached_name(dtype, op, warp, vec)]
-            if dtype in BLOCK_REGISTERS_DTYPES:
-                names.append(block_registers_name(dtype, op, warp, vec))
-            names += [split_cached_registers_name(dtype, op, warp, vec, held, blocks)
-                      for held, blocks in split_registers_configs(dtype)]
-    return names + [staged_warp_name(dtype, op, warp) for op in OPS]
-
-
-def _entry_lines(dtype: str, warp: int) -> list[str]:
     tag, ctype, _ = DTYPES[dtype]
-    lines = []
-    for vec in vector_widths(dtype):
-        lines.append(f"PS_PARTIALS_ENTRY({tag}, {ctype}, {warp}, {vec})")
-        for op, enum in OPS.items():
-            for v in built_warp_variants(dtype, op, warp, vec):
-                macro = "PS_WARP_ONE_ROW_ENTRY" if v.one_row else "PS_WARP_ENTRY"
-                lines.append(f"{macro}({tag}, {ctype}, {op}, {enum}, {warp}, {v.lanes}, {v.slots}, {vec})")
-            lines.append(f"PS_BLOCK_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
-            if dtype in BLOCK_REGISTERS_DTYPES:
-                lines.append(f"PS_BLOCK_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
-            lines.append(f"PS_SPLIT_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
-            lines.append(f"PS_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec})")
-            for h, b in split_registers_configs(dtype):
-                lines.append(f"PS_CACHED_REGISTERS_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vec}, {h}, {b})")
+    widest = vector_widths(dtype)[1]
+    out = []
     for op, enum in OPS.items():
-        lines.append(f"PS_STAGED_WARP_ENTRY({tag}, {ctype}, {op}, {enum}, {warp}, {vector_widths(dtype)[1]})")
-    return lines
+        head = (tag, ctype, op, enum)
+        out.append(Entry(strided_name(dtype, op), "PS_STRIDED_ENTRY", head))
+        out += [Entry(strided_thread_name(dtype, op, vec, lines), "PS_STRIDED_THREAD_ENTRY", (*head, vec, lines))
+                for vec, lines in strided_thread_variants(dtype)]
+        out += [Entry(strided_cached_name(dtype, op, vec), "PS_STRIDED_CACHED_ENTRY", (*head, vec))
+                for vec in strided_vector_widths(dtype)]
+        out.append(Entry(staged_name(dtype, op), "PS_STAGED_ENTRY", (*head, widest)))
+        out += [Entry(staged_group_name(dtype, op, lanes), "PS_STAGED_GROUP_ENTRY", (*head, lanes, widest))
+                for lanes in staged_group_lanes(dtype)]
+        out += [Entry(packed_name(dtype, op, cols), "PS_PACKED_ENTRY", (*head, cols, widest))
+                for cols in packed_cols(dtype)]
+    return out
+
+
+def warp_entries(dtype: str, warp: int) -> list[Entry]:
+    """The kernels of one dtype at one warp size (warp_free_entries excluded); at warp 64, none of
+    ASYNC_COPY_MACROS (no wave64 device copies asynchronously)."""
+    tag, ctype, _ = DTYPES[dtype]
+    out = []
+    for vec in vector_widths(dtype):
+        out.append(Entry(split_partials_name(dtype, warp, vec), "PS_PARTIALS_ENTRY", (tag, ctype, warp, vec)))
+        for op, enum in OPS.items():
+            head = (tag, ctype, op, enum, warp)
+            out += [Entry(v.name, "PS_WARP_ONE_ROW_ENTRY" if v.one_row else "PS_WARP_ENTRY",
+                          (*head, v.lanes, v.slots, vec)) for v in built_warp_variants(dtype, op, warp, vec)]
+            out.append(Entry(block_name(dtype, op, warp, vec), "PS_BLOCK_ENTRY", (*head, vec)))
+            if dtype in BLOCK_REGISTERS_DTYPES:
+                out.append(Entry(block_registers_name(dtype, op, warp, vec), "PS_BLOCK_REGISTERS_ENTRY", (*head, vec)))
+            out.append(Entry(split_normalize_name(dtype, op, warp, vec), "PS_SPLIT_ENTRY", (*head, vec)))
+            out.append(Entry(split_cached_name(dtype, op, warp, vec), "PS_CACHED_ENTRY", (*head, vec)))
+            out += [Entry(split_cached_registers_name(dtype, op, warp, vec, h, b), "PS_CACHED_REGISTERS_ENTRY",
+                          (*head, vec, h, b)) for h, b in split_registers_configs(dtype)]
+    if DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
+        out += [Entry(staged_warp_name(dtype, op, warp), "PS_STAGED_WARP_ENTRY",
+                      (tag, ctype, op, enum, warp, vector_widths(dtype)[1])) for op, enum in OPS.items()]
+    return [e for e in out if warp == 32 or not e.async_copy]
+
+
+def warp_free_names(dtype: str, async_copy: bool = True) -> list[str]:
+    """The names of warp_free_entries; without async_copy, those a device without it can plan."""
+    return [e.name for e in warp_free_entries(dtype) if async_copy or not e.async_copy]
+
+
+def entry_names(dtype: str, warp: int, async_copy: bool = True) -> list[str]:
+    """The names of warp_entries; without async_copy, those a device without it can plan."""
+    return [e.name for e in warp_entries(dtype, warp) if async_copy or not e.async_copy]
+
+
+#: backend -> (warp sizes, whether its devices copy asynchronously) of the kernels its builds carry
+BACKENDS = {"cuda": ((32,), True), "hip": ((32, 64), False)}
+
+
+def catalogue(dtype: str, backend: str) -> set[str]:
+    """Every kernel of one dtype that a backend's build carries ("cuda": NVIDIA, "hip": AMD)."""
+    warps, async_copy = BACKENDS[backend]
+    names = set(warp_free_names(dtype, async_copy))
+    for warp in warps:
+        names.update(entry_names(dtype, warp, async_copy))
+    return names
+
+
+def _guarded(entries: list[Entry]) -> list[str]:
+    """Macro lines, those of asynchronous-copy tiers inside #if PS_ASYNC_COPY_TIERS."""
+    plain = [e.line for e in entries if not e.async_copy]
+    copying = [e.line for e in entries if e.async_copy]
+    if copying:
+        plain += ["#if PS_ASYNC_COPY_TIERS  // asynchronous copies: NVIDIA and the emulation, never AMD", *copying,
+                  "#endif"]
+    return plain
 
 
 def source_file_name(dtype: str) -> str:
@@ -317,33 +398,16 @@ def source_file_name(dtype: str) -> str:
 
 
 def render_source(dtype: str) -> str:
-    tag, ctype, _ = DTYPES[dtype]
     out = [
         f"// Entry points for {dtype}: generated by `python -m portable_softmax._variants src_cuda`.",
         "// Do not edit; change portable_softmax/_variants.py and regenerate.",
         '#include "softmax.cuh"',
         "",
     ]
-    for op, enum in OPS.items():
-        out.append(f"PS_STRIDED_ENTRY({tag}, {ctype}, {op}, {enum})")
-        for vec, lines in strided_thread_variants(dtype):
-            out.append(f"PS_STRIDED_THREAD_ENTRY({tag}, {ctype}, {op}, {enum}, {vec}, {lines})")
-        for vec in strided_vector_widths(dtype):
-            out.append(f"PS_STRIDED_CACHED_ENTRY({tag}, {ctype}, {op}, {enum}, {vec})")
-        out.append(f"PS_STAGED_ENTRY({tag}, {ctype}, {op}, {enum}, {vector_widths(dtype)[1]})")
-        for lanes in STAGED_GROUP_LANES:
-            out.append(f"PS_STAGED_GROUP_ENTRY({tag}, {ctype}, {op}, {enum}, {lanes}, {vector_widths(dtype)[1]})")
-        for cols in packed_cols(dtype):
-            out.append(f"PS_PACKED_ENTRY({tag}, {ctype}, {op}, {enum}, {cols}, {vector_widths(dtype)[1]})")
-    out += _entry_lines(dtype, 32)
-    out.append("#if PS_CLUSTERS  // thread block clusters: NVIDIA only")
-    for vec in vector_widths(dtype):
-        for op, enum in OPS.items():
-            for c in CLUSTER_SIZES:
-                out.append(f"PS_CLUSTER_ENTRY({tag}, {ctype}, {op}, {enum}, 32, {vec}, {c})")
-    out.append("#endif")
+    out += _guarded(warp_free_entries(dtype))
+    out += _guarded(warp_entries(dtype, 32))
     out.append("#if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA")
-    out += _entry_lines(dtype, 64)
+    out += _guarded(warp_entries(dtype, 64))
     out.append("#endif")
     return "\n".join(out) + "\n"
 

@@ -1522,8 +1522,7 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
 // (rows advance in rounds of gridDim / chunks), so the wait always ends.
 // The chunks' pairs meet in PublishedPairs (below). A block's stores of one
 // row refill its cache with its chunk of the next (store_and_prefetch). Measured on an
-// H100: 16-bit rows of 128256-262144 columns +1-3 points of the copy, float32 65536 +1;
-// in the cluster tier the same was level or a point slower, so it keeps store_from_cache.
+// H100: 16-bit rows of 128256-262144 columns +1-3 points of the copy, float32 65536 +1.
 
 // One thread of a block counts the block's arrival and waits until `blocks` blocks have arrived;
 // with `fence`, writes made visible (fenced) before the arrival are visible to it after the wait.
@@ -1703,49 +1702,6 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
     }
   }
 }
-
-// ---- tier 4, on chip in a thread block cluster (NVIDIA sm_90 and newer) ----------------
-// The CLUSTER blocks of a cluster take a row, a chunk each, cached in shared memory as in
-// split_cached; each publishes its chunk's (m, d) in its own shared memory, and after one
-// cluster barrier every block reads the others' pairs directly. Clusters never wait on each
-// other. The pairs are double-buffered by row parity: a block writes row r + 2's pair only
-// after every block of the cluster has passed row r + 1's barrier, which each reaches after
-// reading row r's pairs.
-#if PS_CLUSTERS
-template <typename T, int OP, int WARP, int VEC, int CLUSTER>
-PS_DEVICE void split_cluster(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots,
-                             int safe, Vec<T, VEC>* cache) {
-#if defined(PS_CLUSTER_ARCH)
-  typedef typename compute_of<T>::type C;
-  PS_SHARED C part_m[2];
-  PS_SHARED C part_d[2];
-  const unsigned rank = cluster_rank();
-  const i64 clusters = PS_GRID_DIM_X / CLUSTER;
-  const i64 begin = (i64)rank * chunk_slots;
-  int parity = 0;
-  for (i64 row = PS_BLOCK_X / CLUSTER; row < rows; row += clusters, parity ^= 1) {
-    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;  // empty past the row
-    const MD<C> part = md_reduce_block<WARP>(cache_chunk(rs, begin, end, cache));
-    if (PS_THREAD_X == 0) {
-      part_m[parity] = part.m;
-      part_d[parity] = part.d;
-    }
-    cluster_sync();
-    MD<C> md = md_identity<C>();
-#pragma unroll
-    for (int r = 0; r < CLUSTER; ++r) {
-      const MD<C> other = {cluster_read(&part_m[parity], r), cluster_read(&part_d[parity], r)};
-      md = md_combine(md, other);
-    }
-    store_from_cache(rs, begin, end, cache, RowFinish<OP, T>(md, safe != 0));
-  }
-  cluster_sync();  // no block leaves while another may still read its pairs
-#else
-  __trap();  // built for every NVIDIA target; planned only for sm_90 and newer
-#endif
-}
-#endif
 
 // The (m, d) of tile position q over the column groups' pairs in the scratch ([group][position]).
 template <typename C>
@@ -2306,13 +2262,3 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
                                  inner_tile, chunk_cols, chunks, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_cached_##DT##_##OPN##_v##V)
-
-#if PS_CLUSTERS
-#define PS_CLUSTER_ENTRY(DT, T, OPN, OP, W, V, CL)                                                   \
-  PS_GLOBAL void PS_CLUSTER_DIMS(CL) PS_LAUNCH_BOUNDS(1024) ps_split_cluster_##DT##_##OPN##_w##W##_v##V##_c##CL( \
-      const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, ps::i64 chunk_slots, int safe) { \
-    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::split_cluster<T, OP, W, V, CL>(x, y, rows, cols, xs, ys, chunk_slots, safe,                  \
-                                       reinterpret_cast<ps::Vec<T, V>*>(ps_cache));                  \
-  }
-#endif

@@ -13,6 +13,7 @@
 #include "emulation_runtime.h"
 #define PS_DEVICE inline
 #define PS_WAVE64 1
+#define PS_ASYNC_COPY_TIERS 1  // the emulation runs the tiers built on asynchronous copies too
 
 #elif defined(__HIP__) || defined(__HIPCC__)
 // AMD ROCm: hipcc / amdclang++ and hipRTC; clang defines __HIP__ for both.
@@ -31,6 +32,7 @@
 #endif
 #define PS_DEVICE __device__ __forceinline__
 #define PS_WAVE64 1  // CDNA (gfx9) runs wave64, RDNA (gfx10+) wave32: both variants are built
+#define PS_ASYNC_COPY_TIERS 0  // no cp.async: the tiers built on it are not built
 typedef __half half_t;
 
 #if defined(PS_HIP_VENDOR_BF16)
@@ -76,7 +78,7 @@ PS_DEVICE V warp_shfl_xor(V v, int lane_mask, int width) {
 #include <hip/hip_bf16.h>
 #define PS_DEVICE __device__ __forceinline__
 #define PS_WAVE64 0  // NVIDIA warps are 32 lanes: WARP=64 variants are not built
-#define PS_CLUSTERS 1  // thread block clusters (sm_90 and newer; the planner checks the arch)
+#define PS_ASYNC_COPY_TIERS 1  // the tiers built on cp.async (planned for sm_80 and newer)
 typedef __half half_t;
 typedef __hip_bfloat16 bfloat16_t;
 
@@ -203,49 +205,6 @@ template <int PENDING> PS_DEVICE void async_copy_wait_group() { ps_emu_async_wai
 // Registers an entry point by name for the host emulation; GPU builds look
 // kernels up in the code object instead.
 #define PS_EXPORT_KERNEL(name)
-#endif
-
-// ---- thread block clusters (NVIDIA sm_90 and newer) --------------------------------------------
-// The blocks of a cluster run at once and read each other's shared memory; a cluster barrier
-// orders it. The cluster kernels are built for NVIDIA only (PS_CLUSTERS); on older NVIDIA
-// architectures, which the planner never sends them to, they stop at once.
-#if PS_CLUSTERS
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define PS_CLUSTER_DIMS(n)  // no clusters before sm_90: the kernel stops at once there
-#else
-#define PS_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define PS_CLUSTER_ARCH 1
-PS_DEVICE unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Every thread of every block of the cluster arrives; shared-memory writes before it are
-// visible to every block after it.
-PS_DEVICE void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// A float or double in the shared memory of the cluster's block `rank`, at the address that
-// `local` has in this block.
-template <typename V> PS_DEVICE V cluster_read(const V* local, unsigned rank) {
-  const unsigned mine = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned theirs;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(theirs) : "r"(mine), "r"(rank));
-  V v;
-  if (sizeof(V) == 8) {
-    unsigned long long bits;
-    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(bits) : "r"(theirs) : "memory");
-    memcpy(&v, &bits, 8);
-  } else {
-    unsigned bits;
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(bits) : "r"(theirs) : "memory");
-    memcpy(&v, &bits, 4);
-  }
-  return v;
-}
-#endif
 #endif
 
 // ---- storage type <-> compute type -------------------------------------

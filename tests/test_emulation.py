@@ -23,7 +23,7 @@ from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.api import problem_for, run_host_array
 from portable_softmax.layout import describe, normalize_axis
-from portable_softmax.planner import STRIDED_CACHED_THREADS, STRIDED_VECTOR_ITEMSIZES, RowProblem, plan
+from portable_softmax.planner import STRIDED_CACHED_THREADS, STRIDED_VECTOR_ITEMSIZES, RowProblem, default_tuning, plan
 
 WARPS = V.WARP_SIZES
 ATOL, RTOL = 1e-6, 1e-5
@@ -378,6 +378,10 @@ def test_every_tier_with_copies_that_land_only_at_the_wait(async_library, rng, d
     _misaligned_rows_match_the_reference(runtime, rng, dtype, 1, 1)
 
 
+#: warp sizes of devices with asynchronous copies (NVIDIA: 32 lanes); the tiers built on them exist at no other
+ASYNC_COPY_WARPS = (32,)
+
+
 @pytest.fixture
 def async_planner(monkeypatch):
     """The planner as it runs on NVIDIA sm_80 and newer (asynchronous copies), for this test only."""
@@ -565,7 +569,7 @@ def test_block_tier_row_whose_first_and_last_partial_slots_share_a_thread(async_
 @pytest.mark.parametrize("dtype", V.BLOCK_REGISTERS_DTYPES)
 def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng, dtype, copies):
     """Rows past a block's shared memory, the first slots of each held in registers
-    (block_registers), built with and without asynchronous copies, at both warp sizes, on a device
+    (block_registers), built with and without asynchronous copies, at warp 32, on a device
     whose grid holds 3 blocks (blocks take row after row): the shortest such rows (most slots in
     registers past the row, read as -inf), and rows one slot past the registers and longer (the
     last slot always in shared memory), starting on a vector and one element into it (the first
@@ -579,7 +583,7 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS
     vec = 16 // V.DTYPES[dtype][2]
-    for warp in V.WARP_SIZES:
+    for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(library, warp, max_grid_x=3)
         device = runtime.profile(0)
         shortest = 64
@@ -603,7 +607,7 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
 @pytest.mark.parametrize("dtype", V.BLOCK_REGISTERS_DTYPES)
 def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, monkeypatch, rng, dtype, copies):
     """The on-chip split whose chunks begin with `held` slots a thread in registers
-    (split_cached_registers), every built (held, blocks) pair, at both warp sizes, with and without
+    (split_cached_registers), every built (held, blocks) pair, at warp 32, with and without
     asynchronous copies, rows starting on a vector and one element into it (the first held slot
     partial), and input and output a different element off a vector (scalar slots), enough rows
     for three rounds of the grid and part of a fourth, so that the next row's held slots and cache
@@ -640,7 +644,7 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
         monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 256)
         plan.cache_clear()
         held_slots = held * planner.SPLIT_REGISTERS_THREADS
-        for warp in V.WARP_SIZES:
+        for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(library, warp)
             probe = plan(RowProblem(dtype, "softmax", 64, 4 * held_slots * vec), runtime.profile(0))
             assert probe.launches[0].kernel.endswith(f"_h{held}_b{blocks}"), probe
@@ -657,7 +661,7 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
                 check(runtime, cols, f"held {held} blocks {blocks}", ((1, 0), (0, 1)))
         monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 1024 * 16)
         plan.cache_clear()
-        for warp in V.WARP_SIZES:
+        for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(library, warp)
             for cols in range(held_slots * vec + 5, 8 * held_slots * vec, 37 * vec):
                 notes = plan(RowProblem(dtype, "softmax", 64, cols), runtime.profile(0)).notes
@@ -677,7 +681,7 @@ def test_on_chip_split_of_values_far_from_zero(async_library, async_planner, mon
     h = m log2(e) rounded: rows of values far from 0, a few of the dtype's spacings apart, where that
     rounding is 0.001-0.02 (outputs 1-3 ulps off unless the sum takes it out again); rows past 2^20,
     which take exp(x - m) instead; and rows of ordinary values beside them. Both forms of the split
-    (chunks partly in registers, and wholly in shared memory), at warps 32 and 64."""
+    (chunks partly in registers, and wholly in shared memory), at warp 32."""
     monkeypatch.setattr(planner, "ROW_REGISTERS", False)
     monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", False)
     # the largest value's log2(e) multiple rounds by 0.0039 (float16) and -0.020 (bfloat16) in float32
@@ -685,7 +689,7 @@ def test_on_chip_split_of_values_far_from_zero(async_library, async_planner, mon
     for held in (True, False):
         monkeypatch.setattr(planner, "SPLIT_REGISTERS", planner.SPLIT_REGISTERS if held else {})
         plan.cache_clear()
-        for warp in V.WARP_SIZES:
+        for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(async_library, warp)
             device = runtime.profile(0)
             cols = 2048
@@ -780,12 +784,12 @@ STAGED_WARP_WHERE_ASYNC = {"float16": (288, 300, 777, 1001, 4000), "bfloat16": (
 
 @pytest.mark.parametrize("dtype", STAGED_WARP_WHERE_ASYNC)
 def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype):
-    """The staged tier with a warp a row, at warp 32 and 64, as the sm_80+ planner sends rows to it
+    """The staged tier with a warp a row, at warp 32, as the sm_80+ planner sends rows to it
     (where groups of lanes, staged or the register tier's, do not take them); 37 rows, so that the
     last tile is partial and the special rows fall in the first one."""
     monkeypatch.setattr(planner, "STAGED_GROUPS", False)
     monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)  # bfloat16 512 columns at warp 64
-    for warp in V.WARP_SIZES:
+    for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
         for cols in STAGED_WARP_WHERE_ASYNC[dtype]:
@@ -804,11 +808,10 @@ STAGED_GROUP_ROWS = {"float16": (120, 256, 288, 300, 512, 777, 1001), "bfloat16"
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-@pytest.mark.parametrize("lanes", V.STAGED_GROUP_LANES)
-@pytest.mark.parametrize("dtype", STAGED_GROUP_ROWS)
+@pytest.mark.parametrize(("dtype", "lanes"), [(d, n) for d in STAGED_GROUP_ROWS for n in V.staged_group_lanes(d)])
 def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_planner, monkeypatch, rng, dtype, lanes,
                                                        interleave):
-    """The staged tier with a group of fewer lanes than a warp a row, at warp 32 and 64, the groups
+    """The staged tier with a group of fewer lanes than a warp a row, at warp 32, the groups
     on a tile's rows in order and interleaved: a warp's groups take different rows (an empty one
     beside full ones among the special rows), and groups past the last row of a partial tile take
     none while the others shuffle."""
@@ -819,7 +822,7 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
     monkeypatch.setattr(planner, "STAGED_GROUP_MAX_WAYS", 32)
     monkeypatch.setattr(planner, "STAGED_GROUP_TILE_BYTES", 1 << 20)
     monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)  # rows the register tier's groups fill too
-    for warp in V.WARP_SIZES:
+    for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
         for cols in STAGED_GROUP_ROWS[dtype]:
@@ -836,7 +839,9 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
                 assert_close(got, x, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {x.shape} {lanes} lanes")
                 if power_of_two:  # the same rows in a tile padded by a slot a row
                     problem = RowProblem(dtype, op, 37, cols, safe=safe)
-                    padded = planner._plan_groups_at(problem, runtime.profile(0), vec, row_slots.bit_length() - 1)
+                    device = runtime.profile(0)
+                    padded = planner._plan_groups_at(default_tuning(device), problem, device, vec,
+                                                     row_slots.bit_length() - 1)
                     assert padded.notes["row_shift"] >= 0 and (padded.notes["lanes"], padded.notes["interleave"]) == (
                         lanes, interleave)
                     got = runtime.run_plan(x, padded)

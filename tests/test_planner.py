@@ -15,7 +15,7 @@ from portable_softmax import planner
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
     CHUNK_ALIGN_BYTES,
-    CLUSTER_ITEMSIZES,
+    DEFAULT_TUNING,
     I32,
     SCRATCH_ALIGN,
     STAGED_WARP_ITEMSIZES,
@@ -26,8 +26,8 @@ from portable_softmax.planner import (
     PlanError,
     RowProblem,
     StridedProblem,
+    default_tuning,
     has_async_copy,
-    has_clusters,
     plan,
 )
 
@@ -41,9 +41,8 @@ ROWS = (1, 7, 128, 100000, 1 << 22)
 pytestmark = pytest.mark.usefixtures("large_input_rules")
 
 
-def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
-    names = set(V.entry_names(dtype, warp)) | set(V.warp_free_names(dtype))
-    return names | set(V.cluster_names(dtype)) if clusters else names
+def _compiled_names(dtype: str, warp: int) -> set[str]:
+    return set(V.entry_names(dtype, warp)) | set(V.warp_free_names(dtype))
 
 
 @pytest.mark.parametrize("small_input_rules", [False, True], ids=["large-input-rules", "small-input-rules"])
@@ -52,7 +51,7 @@ def _compiled_names(dtype: str, warp: int, clusters: bool = False) -> set[str]:
 def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, device, dtype, small_input_rules):
     if small_input_rules:
         set_small_input_rules(monkeypatch, True)
-    names = _compiled_names(dtype, device.warp_size, has_clusters(device))
+    names = _compiled_names(dtype, device.warp_size)
     tiers, held_tiers = set(), set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
         if rows * cols > 1 << 40:
@@ -82,12 +81,6 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             built = V.built_warp_variants(dtype, op, device.warp_size, p.notes["vec"])
             v = next(w for w in built if w.name == launch.kernel)
             assert v.lanes * v.slots * v.vec >= cols + misalign % v.vec, "the lane group must hold the row"
-        if p.tier == "cluster":  # a cluster's blocks hold the row, and the grid is whole clusters
-            (launch,) = p.launches
-            assert p.notes["chunks"] in V.CLUSTER_SIZES and launch.min_grid == p.notes["chunks"]
-            assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"] and launch.grid % launch.min_grid == 0
-            assert launch.kernel == V.cluster_name(dtype, op, p.notes["vec"], p.notes["chunks"])
-            assert launch.shared_mem + static <= device.shared_mem_per_multiprocessor // 4
         if p.tier == "block_registers":  # registers and shared memory hold the row, the last slot in the latter
             (launch,) = p.launches
             held, slots, vec = p.notes["held_slots"], p.notes["slots"], p.notes["vec"]
@@ -135,8 +128,7 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
         expected.add("staged_group")
     if has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES:
         expected.add("block_registers")
-    clusters = has_clusters(device) and V.DTYPES[dtype][2] in CLUSTER_ITEMSIZES
-    assert tiers == expected | ({"cluster"} if clusters else set())
+    assert tiers == expected
     held = (has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES
             and V.DTYPES[dtype][2] in planner.SPLIT_REGISTERS)
     assert held_tiers == ({"cached_registers"} if held else set())
@@ -198,7 +190,8 @@ def test_contiguous_short_rows_are_staged_as_one_span(device, knobs):
 def test_bank_ways_of_groups_taking_consecutive_rows():
     """Groups of a warp start at their rows' first whole words; counted by hand from the row length in words."""
     def ways(cols: int, lanes: int, misalign: int = 0) -> int:
-        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols, x_misalign=misalign), lanes)
+        problem = RowProblem("float16", "softmax", 1000, cols, x_misalign=misalign)
+        return planner.staged_bank_ways(DEFAULT_TUNING, problem, lanes)
 
     assert ways(288, 8) == 2  # rows 144 words apart: groups on banks 0, 16, 0, 16
     assert ways(400, 8) == 1  # 200 words: 0, 8, 16, 24
@@ -208,16 +201,16 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
     assert ways(383, 8) == 4 and ways(383, 16) == 2  # 191.5 words: 0, 192, 383, 575 -> 0, 0, 31, 31
     assert ways(300, 4) == 2 and ways(300, 4, misalign=1) == 2
     # padded by a 16-byte slot: 256 columns 132 words apart, groups on banks 0, 4, ..., 28
-    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4) == 8
-    assert planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, 256), 4, 264) == 1
+    assert planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float16", "softmax", 1000, 256), 4) == 8
+    assert planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float16", "softmax", 1000, 256), 4, 264) == 1
     # float32, 100 words: groups on banks 0, 4, ..., 28, each on its own four
-    assert planner.staged_bank_ways(RowProblem("float32", "softmax", 1000, 100), 4) == 1
+    assert planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float32", "softmax", 1000, 100), 4) == 1
 
 
 def test_bank_ways_of_groups_taking_interleaved_rows():
     """The groups of 32 lanes on rows STAGED_THREADS / 32 = 4 apart; counted by hand."""
     def ways(cols: int, lanes: int) -> int:
-        return planner.staged_bank_ways(RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
+        return planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
 
     assert planner.STAGED_THREADS // 32 == 4
     # 255 columns: rows 4 apart are 510 words apart, 30 banks on: groups of 4 lanes on banks 0, 30,
@@ -497,7 +490,7 @@ def test_on_chip_split_rounds_take_as_many_rows_each(monkeypatch, device):
         itemsize = V.DTYPES[dtype][2]
         rows = (mib << 20) // (cols * itemsize)
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "SPLIT_EVEN_ROUNDS_MOST", problem, device)
+        before, after = _plans_with_and_without(monkeypatch, "split_even_rounds_most", problem, device)
         if before.tier != "cached":
             assert after == before
             continue
@@ -558,10 +551,8 @@ def test_split_rows_are_cut_into_chunks_on_aligned_boundaries(device, dtype):
         chunk_bytes = p.notes["chunk_slots"] * p.notes["vec"] * itemsize
         assert chunk_bytes % CHUNK_ALIGN_BYTES == 0, (rows, cols, p.tier, p.notes)
         assert p.notes["slots"] <= p.notes["chunks"] * p.notes["chunk_slots"]
-        if p.tier != "cluster":  # a cluster's last block may be left without slots; a split has no empty chunk
-            assert (p.notes["chunks"] - 1) * p.notes["chunk_slots"] < p.notes["slots"]
-    clusters = has_clusters(device) and itemsize in CLUSTER_ITEMSIZES
-    assert tiers == ({"split", "cached", "cluster"} if clusters else {"split", "cached"})
+        assert (p.notes["chunks"] - 1) * p.notes["chunk_slots"] < p.notes["slots"], "a split has no empty chunk"
+    assert tiers == {"split", "cached"}
 
 
 def test_strided_plan_and_errors():
@@ -643,26 +634,14 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     assert shifted.notes["vec"] == 1
 
 
-def test_clusters_only_on_nvidia_sm90_and_newer(monkeypatch):
-    assert has_clusters(PROFILES["h100"])
-    assert not has_clusters(PROFILES["mi300x"]) and not has_clusters(PROFILES["rdna3"])
+def test_long_rows_take_blocks_that_wait_on_no_other_where_copies_are_asynchronous():
     a100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
                          shared_mem_per_multiprocessor=164 * 1024)
-    assert not has_clusters(a100)
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"  # no cluster
-    # as committed, no dtype goes to clusters: blocks that wait on no other take these rows (two a
-    # multiprocessor, their first slots in registers)
+    assert has_async_copy(a100) and not has_async_copy(PROFILES["mi300x"])
+    assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"
     assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block_registers"
-    monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2,))
-    plan.cache_clear()
-    p = plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"])
-    assert p.tier == "cluster" and p.launches[0].grid == 4096 * p.notes["chunks"], "a cluster per row"
-    # few rows: the cached tier spreads them over more blocks; rows of more than four chunks, and
-    # float32 rows, measured slower in clusters
     assert plan(RowProblem("bfloat16", "softmax", 8, 80000), PROFILES["h100"]).tier == "cached"
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 120000), PROFILES["h100"]).tier == "block_registers"
     assert plan(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "block_registers"
-    plan.cache_clear()  # plans made under the knob
 
 
 def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asynchronous():
@@ -826,7 +805,7 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         monkeypatch.setattr(planner, "STAGED_MIN_TILES_PER_SM", 0)
         after = plan(problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
-        groups = 0 < planner.one_slot_lanes(problem, device.warp_size) < device.warp_size
+        groups = 0 < planner.one_slot_lanes(default_tuning(device), problem, device.warp_size) < device.warp_size
         unstaged = cols >= 16 and (rows * cols * itemsize < limit or (
             groups and rows * cols * itemsize <= SMALL_INPUT_RULES["SMALL_INPUT_GROUP_BYTES"]))
         if unstaged:
@@ -841,7 +820,7 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         (b,), (a,) = before.launches, after.launches
         small_block = rows * cols * itemsize < block_limit
         if after.tier == "block" and small_block and rows >= device.multiprocessors:  # fewer: few_rows' threads
-            warps = planner._small_input_block_warps(after.notes["slots"], device.warp_size)
+            warps = planner._small_input_block_warps(default_tuning(device), after.notes["slots"], device.warp_size)
             assert a.grid == b.grid and a.block == min(warps * device.warp_size, planner.BLOCK_TIER_MAX_THREADS), what
             continue
         assert a.grid >= b.grid and a.block <= b.block, what
@@ -870,20 +849,16 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
 def _warp_variant_of(plan_: Plan, problem: RowProblem, device) -> V.WarpVariant:
     """The register-tier variant a plan of `problem` launches."""
     (launch,) = plan_.launches
-    built = V.built_warp_variants(problem.dtype, problem.op, device.warp_size, plan_.notes["vec"])
-    return next(v for v in built if v.name == launch.kernel)
+    vec = plan_.notes["vec"]  # a changed Tuning may pick a shape that is not built: look among all
+    shapes = V.warp_variants(problem.dtype, problem.op, device.warp_size, vec) + V.one_row_variants(
+        problem.dtype, problem.op, device.warp_size, vec)
+    return next(v for v in shapes if v.name == launch.kernel)
 
 
 def _plans_with_and_without(monkeypatch, knob: str, problem: RowProblem, device) -> tuple[Plan, Plan]:
-    """The plan of `problem` with the small-input rules as committed, and with `knob` at 0."""
-    after = plan(problem, device)
-    committed = getattr(planner, knob)
-    monkeypatch.setattr(planner, knob, type(committed)(0))
-    plan.cache_clear()
-    before = plan(problem, device)
-    monkeypatch.setattr(planner, knob, committed)
-    plan.cache_clear()
-    return before, after
+    """The plan of `problem` with the device's Tuning, and with its field `knob` at 0."""
+    tuning = default_tuning(device)
+    return plan(problem, device, replace(tuning, **{knob: type(getattr(tuning, knob))(0)})), plan(problem, device)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -902,7 +877,7 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
     for dtype, cols, rows in itertools.product(("float32", "float16"), (33, 64, 100, 127, 128, 200, 256, 300),
                                                (1, 8, 1000, resident, resident + 1, 4 * resident, 1 << 18)):
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", problem, device)
+        before, after = _plans_with_and_without(monkeypatch, "small_input_one_row_a_warp_waves", problem, device)
         what = (dtype, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
             assert after == before, what
@@ -915,7 +890,8 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
         needed = before.notes["slots"]
         most = planner.ONE_ROW_A_WARP_MOST_SLOTS * ceil(needed / warp)
         if now == was:  # no variant within the limits
-            assert not [v for v in planner._warp_candidates(problem, device, was.vec) + V.one_row_variants(
+            tuning = default_tuning(device)
+            assert not [v for v in planner._warp_candidates(tuning, problem, device, was.vec) + V.one_row_variants(
                 dtype, "softmax", warp, was.vec) if v.lanes == warp and v.batch == 1 and v.slots <= most], what
             continue
         changed += 1
@@ -944,7 +920,7 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
             ("float32", "float16", "bfloat16", "float64"), ("softmax", "log_softmax"), (16, 32, 48, 64, 100, 160),
             (1, 64, 1000, 8000, 30000, 70000, 140000, 1 << 20)):
         problem = RowProblem(dtype, op, rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "SMALL_INPUT_ONE_ROW_GROUP_WAVES", problem, device)
+        before, after = _plans_with_and_without(monkeypatch, "small_input_one_row_group_waves", problem, device)
         what = (dtype, op, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
             assert after == before, what
@@ -983,7 +959,7 @@ def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
             cols = lanes * vec
             problem = RowProblem(dtype, "log_softmax", nbytes // (cols * itemsize), cols)
             the_plan = plan(problem, device)
-            scalar = planner.scalar_rows(problem, warp)
+            scalar = planner.scalar_rows(default_tuning(device), problem, warp)
             within = nbytes <= planner.EXACT_GROUP_MAX_BYTES.get(itemsize, nbytes)
             if lanes >= planner.EXACT_GROUP_MIN_LANES and not scalar and within:
                 variant = _warp_variant_of(the_plan, problem, device)
@@ -1002,7 +978,7 @@ def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
             for other in (RowProblem(dtype, "softmax", problem.rows, cols - vec),
                           RowProblem(dtype, "softmax", problem.rows, cols, x_misalign=1, y_misalign=1)):
                 if other.rows * other.cols * itemsize > planner.SMALL_INPUT_GROUP_BYTES:
-                    assert not planner.exact_group(other, warp), (dtype, other)
+                    assert not planner.exact_group(default_tuning(device), other, warp), (dtype, other)
     assert changed >= 8, "the rule changed too few plans to be tested"
 
 
@@ -1020,14 +996,14 @@ def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, d
     for dtype, cols in (("float32", 16), ("float32", 32), ("float32", 48), ("float16", 96), ("float32", 100),
                         ("float16", 200)):
         itemsize = V.DTYPES[dtype][2]
-        lanes = planner.one_slot_lanes(RowProblem(dtype, "softmax", 2, cols), warp)
+        lanes = planner.one_slot_lanes(default_tuning(device), RowProblem(dtype, "softmax", 2, cols), warp)
         for nbytes in (planner.SMALL_INPUT_UNSTAGED_BYTES + (1 << 20), 12 << 20, limit, limit + (1 << 20)):
             problem = RowProblem(dtype, "softmax", nbytes // (cols * itemsize), cols)
             the_plan = plan(problem, device)
             if nbytes <= limit and 0 < lanes < warp:
                 assert the_plan.tier == "warp", (dtype, cols, nbytes, the_plan.tier)
                 assert _warp_variant_of(the_plan, problem, device).lanes == lanes
-            elif planner.has_async_copy(device) and not planner.exact_group(problem, warp):
+            elif planner.has_async_copy(device) and not planner.exact_group(default_tuning(device), problem, warp):
                 assert the_plan.tier in STAGED_TIERS, (dtype, cols, nbytes, the_plan.tier)
                 staged_kept += 1
     assert staged_kept >= 4 or not planner.has_async_copy(device)
@@ -1057,7 +1033,7 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
             itemsize = V.DTYPES[dtype][2]
             rows = (mib << 20) // (cols * itemsize)
             problem = RowProblem(dtype, "softmax", rows, cols)
-            before, after = _plans_with_and_without(monkeypatch, "STAGED_MIN_TILES_PER_SM", problem, device)
+            before, after = _plans_with_and_without(monkeypatch, "staged_min_tiles_per_sm", problem, device)
             what = (dtype, rows, cols, before.tier, after.tier)
             long_rows = cols * itemsize > 16 * warp
             few = (before.tier in STAGED_TIERS and (long_rows or (itemsize == 4 and cols >= 16))
@@ -1082,7 +1058,8 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
                 else:
                     assert itemsize == 4, what
             else:
-                assert launch.block == planner._small_input_block_warps(slots, warp) * warp, what
+                warps = planner._small_input_block_warps(default_tuning(device), slots, warp)
+                assert launch.block == warps * warp, what
                 assert launch.block > warp or (
                     one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * warp * ceil(slots / warp)), what
     if has_async_copy(device):  # the staged tiers exist: the rule moved long and short rows, and kept others
@@ -1120,7 +1097,7 @@ def test_few_staged_tiles_cut_smaller(monkeypatch, device):
         itemsize = V.DTYPES[dtype][2]
         rows = (mib << 20) // (cols * itemsize)
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "FEW_TILES_BLOCKS_PER_SM", problem, device)
+        before, after = _plans_with_and_without(monkeypatch, "few_tiles_blocks_per_sm", problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
         few = (before.tier in STAGED_TIERS and ceil(rows / before.notes["tile_rows"]) < threshold
                and rows * cols * itemsize >= planner.FEW_TILES_SMALLER_MIN_BYTES)
@@ -1150,3 +1127,46 @@ def test_few_staged_tiles_cut_smaller(monkeypatch, device):
         # 748982x7 at 20 MiB: 8.9), as they were
         assert plan(RowProblem("float16", "softmax", 52428, 10), device).notes["tile_rows"] == 128
         assert plan(RowProblem("float32", "softmax", 748982, 7), device).notes["tile_rows"] == 640
+
+
+#: the device profiles whose plans the builds must cover: NVIDIA (sm_90), AMD CDNA (warp 64), AMD RDNA (warp 32)
+H200 = DeviceProfile("NVIDIA H200", "nvidia", "sm_90", 32, 132, 1024, 48 * 1024, 227 * 1024,
+                     shared_mem_per_multiprocessor=228 * 1024)
+BUILT_PROFILES = {"cuda": (PROFILES["h100"], H200), "hip": (PROFILES["mi300x"], PROFILES["rdna3"])}
+#: row lengths whose plans reach every tier and variant: every length up to 150, then lengths on both
+#: sides of the tiers' limits
+WITNESS_COLS = (*range(1, 150), 160, 192, 200, 255, 256, 257, 300, 384, 400, 513, 777, 1000, 1025, 2048, 2049, 4096,
+                5000, 8192, 16384, 30000, 40000, 50257, 60000, 120000, 262144, 10**8)
+
+
+def _witness_problems(dtype: str):
+    """Row and strided problems of every op over WITNESS_COLS, at 0.25, 12 and 64 MiB and as one row;
+    contiguous, misaligned, and rows spaced apart."""
+    itemsize = V.DTYPES[dtype][2]
+    for cols, op in itertools.product(WITNESS_COLS, V.OPS):
+        rows = {1} | {max(1, int(mib * (1 << 20)) // (cols * itemsize)) for mib in (0.25, 12, 64)}
+        for r in rows:
+            if r * cols <= 1 << 27 or r == 1:
+                yield RowProblem(dtype, op, r, cols)
+                yield RowProblem(dtype, op, r, cols, x_misalign=1)
+                yield RowProblem(dtype, op, r, cols, x_stride=cols + 8)
+    for op, outer, cols, inner, misalign in itertools.product(V.OPS, (1, 3), (2, 3, 5, 16, 64, 65, 200, 512, 513, 8192),
+                                                             (1, 2, 4, 8, 7, 64, 8192), (0, 1)):
+        strides = (cols * inner, inner, 1)
+        yield StridedProblem(dtype, op, outer, cols, inner, strides, strides, x_misalign=misalign, y_misalign=misalign)
+
+
+@pytest.mark.parametrize("backend", BUILT_PROFILES)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_built_kernels_are_the_plannable_ones(monkeypatch, backend, dtype):
+    """Every kernel a backend's build carries is planned for some shape on one of its profiles, and
+    every plan names one it carries (a kernel no profile plans is dead weight in every build)."""
+    set_small_input_rules(monkeypatch, True)  # the planner as committed
+    built = V.catalogue(dtype, backend)
+    planned = set()
+    for device in BUILT_PROFILES[backend]:
+        for problem in _witness_problems(dtype):
+            names = {launch.kernel for launch in plan(problem, device).launches}
+            assert names <= built, (device.name, problem, names - built)
+            planned |= names
+    assert built == planned, f"built for {backend}, planned on no profile: {sorted(built - planned)}"
