@@ -32,7 +32,7 @@ LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_regis
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 #: ... and at most this many of a 16-bit row (bytes per element -> values): longer 16-bit rows take
-#: the block tier (planner.Tuning.warp_max_values holds the same cap)
+#: the block tier (planner.Tuning.warp_tier_max_values holds the same cap)
 MAX_VALUES_PER_LANE_BY_ITEMSIZE = {2: 32}
 
 
@@ -47,8 +47,8 @@ def vector_widths(dtype: str) -> tuple[int, int]:
 
 def strided_vector_widths(dtype: str) -> tuple[int, int]:
     """Inner positions a thread of the on-chip strided tier takes with one load: 1, or a 16-byte
-    vector of 4- and 8-byte types, an 8-byte vector of four 16-bit ones (16-byte vectors of those
-    took 80 registers a thread and 16 KiB of (m, d) scratch a block; 4-byte pairs were slower)."""
+    vector of 4- and 8-byte types, an 8-byte vector of four 16-bit ones (16 bytes of those would
+    need twice the registers and (m, d) scratch a thread)."""
     return (1, 4) if DTYPES[dtype][2] == 2 else vector_widths(dtype)
 
 
@@ -181,7 +181,7 @@ def split_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
 
 
 #: bytes per element -> (slots a thread holds in registers, blocks a multiprocessor) of the built
-#: split_cached_registers kernels (planner.SPLIT_REGISTERS picks among them)
+#: split_cached_registers kernels (planner.Tuning.split_registers picks among them)
 SPLIT_REGISTERS_CONFIGS: dict[int, tuple[tuple[int, int], ...]] = {4: ((5, 5),), 2: ((3, 5),)}
 
 
@@ -199,12 +199,8 @@ def strided_name(dtype: str, op: str) -> str:
     return f"ps_strided_{DTYPES[dtype][0]}_{op}"
 
 
-#: lines a thread of the short-axis strided tier takes in vectors of 16 bytes, by the most rows of
-#: the reduced axis they serve (8 vectors held a thread: a row or two of each line in flight).
-#: Measured on an H200 against one line (% of the copy, softmax / log_softmax): float32 2 rows
-#: 47 / 51 -> 50 / 80, 3 rows 65 / 70 -> 71 / 84, 4 rows 80 / 85 -> 81 / 87.5; float16 2 rows
-#: 30 / 31 -> 33 / 34, 3-4 rows 41-50 / 44-52 -> 54-60 / 56-64; bfloat16 2 rows 31 -> 35-36,
-#: but 3-4 rows 41-50 / 45-52 -> 40-47.5 / 41-49.
+#: lines a thread of the short-axis strided tier takes in 16-byte vectors, by the most rows of the
+#: reduced axis they serve: with few rows to load, more lines a thread keep more loads in flight
 STRIDED_THREAD_WIDE_LINES = ((2, 4), (4, 2))
 
 
@@ -265,21 +261,10 @@ def staged_warp_name(dtype: str, op: str, warp: int) -> str:
     return f"ps_staged_warp_{DTYPES[dtype][0]}_{op}_w{warp}_v{vector_widths(dtype)[1]}"
 
 
-#: row lengths of the packed tier (a thread holds lcm(cols, 16-byte vector) values of whole rows),
-#: by bytes per element. Since its groups pass through shared memory (a block's loads and stores
-#: whole lines), measured on an H100 against the tiers these rows took before (% of the copy):
-#: 16-bit rows of 5 columns 93-97 -> 101, 6 99-100 -> 101.5, 8 94.6-98 -> 98, 7 level (100.5).
-#: When each thread loaded its own group, 5 and 7 lost (68-69 -> 47-58). 16-bit rows of 16 and 32
-#: columns (groups of 2 and 4 slots, swizzled in shared memory), on an H200 against the register and
-#: staged tiers: float16 16 columns 84 / 88 -> 91 / 97 (softmax / log_softmax), bfloat16 32 columns
-#: 82 / 84 -> 87 / 91. 64 columns, once whole rounds took no test a slot: 88-91 -> 94-95 (H200), on
-#: grids of at least half a block a multiprocessor (planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM).
-#: 9, 11 and 13 columns (groups of 72-104 values, widened a row at a time), on an H200 against the
-#: staged tier at 16-256 MiB (two runs): 9 columns 83-95 -> 98-107, 11 90-98 -> 94-107, 13 87-99 ->
-#: 89-98 (but 32 MiB: 92-95 -> 89-90). 18, 24, 28, 36, 40, 44 and 56 columns (a scan at 64 MiB found
-#: 16-bit rows of 18-40 columns at 80-92 on the staged tier), H200 at 16-256 MiB: 80-96 -> 96-120.
-#: Lengths whose groups would be an even number of slots other than 2, 4 or 8 (48 columns: 6) are
-#: not packed (packed_flip).
+#: row lengths of the packed tier by bytes per element: a thread holds lcm(cols, 16-byte vector)
+#: values of whole rows, and a block's groups pass through shared memory (whole lines loaded and
+#: stored). Lengths whose groups would be an even number of slots other than 2, 4 or 8 (48
+#: columns: 6) are not packed.
 PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20, 24, 28, 32, 36, 40, 44, 56, 64)}
 
 

@@ -121,8 +121,7 @@ PS_DEVICE float ps_ex2_approx(float v) {
 
 // A 16-byte store of four words as one instruction. nvcc sometimes splits a 16-byte vector's
 // store into 2- or 4-byte stores when a partial slot beside it stores the same elements one by
-// one (seen in SASS: several times the store requests, the L2 the limit); st.global.v4 keeps
-// it whole. Elsewhere a plain aligned store.
+// one (several times the store requests); st.global.v4 keeps it whole. Elsewhere a plain aligned store.
 struct alignas(16) ps_words4 { unsigned w[4]; };
 #if defined(__CUDA_ARCH__) && !defined(PORTABLE_SOFTMAX_EMULATION)
 PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) {

@@ -19,11 +19,9 @@ enum Op { kSoftmax = 0, kLogSoftmax = 1 };
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
 // A whole vector's store; kOneInstruction: 16-byte vectors through the vendor header's
-// single-instruction store. Only the two-pass split tier takes it: nvcc split its 16-byte stores
-// (and the packed tier's, before they came from shared memory) into 2- and 4-byte ones (seen in
-// SASS; several times the store requests, the L2 the limit at 55-60% of the copy), while in the
-// other tiers the compiler keeps them whole and the explicit store's four packed registers would
-// cost the register tier occupancy.
+// single-instruction store. Only the two-pass split takes it: there the compiler would split
+// 16-byte stores into 2- and 4-byte ones (several times the store requests); elsewhere it keeps
+// them whole, and the explicit store's four packed registers would cost occupancy.
 template <bool kOneInstruction, typename T, int N> PS_DEVICE void store_vector(T* at, const Vec<T, N>& raw) {
   if (kOneInstruction && sizeof(raw) == sizeof(ps_words4)) {
     ps_words4 words;
@@ -87,8 +85,8 @@ template <typename C> PS_DEVICE MD<C> md_combine(MD<C> a, MD<C> b) {
 // the max grows, and compensated (Kahan) so long runs keep float32 accuracy.
 template <typename C> struct OnlineSum {
   // m starts at the lowest finite value, not -inf, so that a -inf value adds exp(-inf - m) = 0
-  // with no test (exp(-inf - -inf) is NaN): an early return for it cost the block tier 2-3 points
-  // of the copy (H200, float32 32000 columns), and a separate shift a register. d stays 0 until a
+  // with no test (exp(-inf - -inf) is NaN), which an early return or a separate shift would cost
+  // in the hot loop. d stays 0 until a
   // value above -inf comes (whose own term is 1), so md() tells an empty run by d = 0.
   C m, d, carry;
   PS_DEVICE OnlineSum() : m(ps_lowest<C>()), d(C(0)), carry(C(0)) {}
@@ -363,7 +361,7 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   }
 }
 
-// ---- tier 1+2: a group of LANES lanes per row, row held in registers -------
+// ---- a warp a row (and short rows a group of its lanes): the row in registers ---------------
 // LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
 // a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
 // BATCH rows per step: WarpBatch, so that short rows still keep 32 bytes per lane in
@@ -446,8 +444,8 @@ const int kCacheDepth16 = 2;
 
 // Whole slots go to shared memory without passing through registers where the vendor can
 // (PS_ASYNC_COPY, 4- to 16-byte slots): a thread then has every slot of its share in flight at
-// once, however many, where loads through registers keep a few (their registers, and the wait for
-// each batch's use, held the 16-bit cached tiers to 72-93% of the copy).
+// once, however many, where loads through registers keep a few in flight (their registers, and
+// the wait for each batch's use, limit them).
 template <typename T, int VEC> constexpr bool kAsyncSlots = PS_ASYNC_COPY && sizeof(Vec<T, VEC>) >= 4;
 
 // One slot of a row into its place in the cache: by an asynchronous copy where the vendor has
@@ -490,8 +488,8 @@ template <typename T, int VEC> struct CachedChunk {
     y0 = rs.y + offset;
   }
   PS_DEVICE bool full(int j) const { return static_cast<unsigned>(j - whole_from) < static_cast<unsigned>(whole); }
-  // copy_slot_to_cache with the chunk's test and address. Both written out: routing them through one
-  // helper changed the staged tier's code (16-bit 32-column log_softmax a point slower, H100).
+  // copy_slot_to_cache with the chunk's test and address, written out: routed through one helper,
+  // they changed the staged tier's generated code for the worse.
   PS_DEVICE void copy_to_cache(int j, Vec<T, VEC>* cache) const {
 #if PS_ASYNC_COPY
     if constexpr (kAsyncSlots<T, VEC>) {
@@ -519,9 +517,7 @@ template <typename T, int VEC> struct CachedChunk {
 
   // The loops over whole slots with no test a slot: a chunk's other slots are at most its first
   // (the row starts inside it) and its last (the row ends inside it), which their owners take
-  // apart (partial_slots). Measured against a test a slot (H200, % of the copy, block tier, the
-  // library's other pieces as they were): float32 1335x50257 82-83.5 -> 85.8, 2097x32000 87.5 ->
-  // 88.7; bfloat16 2670x50256 91 -> 93.7 (tools/standalone/block_bisect.cu).
+  // apart (partial_slots): a test a slot costs instructions the block tier cannot spare.
   PS_DEVICE int first_whole_of_thread() const {
     return PS_THREAD_X < whole_from ? PS_THREAD_X + PS_BLOCK_DIM_X : PS_THREAD_X;
   }
@@ -550,10 +546,8 @@ template <typename T, int VEC> struct CachedChunk {
   }
   // A thread's partial slot is read into registers before its asynchronous copies are issued and
   // placed in the cache after them: read after the copies, it queued behind them and held its
-  // warp's exps of the first copy groups until the last group had landed. Measured on an H200
-  // (block tier, rows off 16-byte boundaries, % of the copy): float32 1335x50257 88 -> 91,
-  // 2097x32001 85-86 -> 88-91.5, 1700x40003 86-87 -> 90-91, 16-bit 1400x96001 82-84.5 -> 85-87;
-  // aligned rows and the on-chip split level. One slot a thread goes ahead (a register slot, not
+  // warp's exps of the first copy groups until the last group had landed. One slot a thread goes
+  // ahead (a register slot, not
   // two): a thread that owns both ends (chunks of k * blockDim + 1 slots) reads its tail after.
   struct Partial {
     Vec<T, VEC> raw;
@@ -636,13 +630,9 @@ template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
 // packed max), then their exps with no rescale test, each 2^(x log2(e) - h) in one multiply-add
 // (h = m log2(e) rounded; its rounding m log2(e) - h, exact from one more multiply-add, is taken
 // out of the sum once, so the sum is exp(x - m)'s as ExpMinus takes it) where the max allows it
-// (exp_shift_fits), else exp(x - m) (push_below). The split's blocks take
-// this pass with no loads of their own in flight: on an H200 a diagnostic build without its exps ran
-// 16-bit long rows 6-8 points of the copy faster (bfloat16 512x131072 79-80 -> 86-87). The one-pass
-// form took 76 instructions a 16-byte slot, this one 49 (SASS, sm_90); measured (same process, %
-// of the copy): H200 16-bit split rows +1.0 to +1.5 on average (none slower by more than 2), H100
-// +0.3. Neither the exps' throughput nor the pass's latency holds it now (H200, level): one or two
-// of a slot's exps from a polynomial on the multiply-add pipe, or two to four slots a step.
+// (exp_shift_fits), else exp(x - m) (push_below). The split's blocks take this pass with no loads
+// of their own in flight, so its instruction count matters: about two thirds of the one-pass
+// form's a 16-byte slot.
 template <typename T, int VEC> constexpr bool kTwoPassChunk = sizeof(T) == 2 && VEC % 2 == 0;
 template <typename T, int VEC>
 PS_DEVICE void add_cached_two_pass(OnlineSum<float>& acc, const Vec<T, VEC>* cache, int j0, int n) {
@@ -710,9 +700,8 @@ struct NothingEarly {
 // first wait, so that their exps overlap the copies. GROUPS > 1 (not issued): the copies go out in GROUPS
 // commit groups of consecutive slots, and (m, d) takes each group as it lands, so that the first
 // groups' exps overlap the later groups' copies. More than two groups need a slot a thread in each
-// group, else they only add waits: 32 float32 rows of 4096 columns (2 slots a thread, 4 groups)
-// measured 0.1-0.3 us a call slower than one wait (H100, H200). Two groups skip that test: compiled
-// in, it cost the 16-bit block kernels 4-6 registers a thread.
+// group, else they only add waits. Two groups skip that test: compiled in, it costs the 16-bit
+// block kernels registers.
 template <typename T, int VEC, int GROUPS = 1, typename Early = NothingEarly>
 PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end,
                                                        Vec<T, VEC>* cache, bool issued = false,
@@ -735,8 +724,8 @@ PS_DEVICE MD<typename compute_of<T>::type> cache_chunk(const RowSlots<T, VEC>& r
       }
       chunk.place_partial(partial, cache);
       early(acc);
-      // Unrolled, so that each wait's count is a constant: a rolled loop through the chain of waits
-      // cost 2 points of the copy (H200, float32 32000 columns).
+      // Unrolled, so that each wait's count is a constant (a rolled loop through the chain of waits
+      // costs a register-indexed wait).
       j = PS_THREAD_X;
 #pragma unroll
       for (int g = 0; g < GROUPS; ++g) {
@@ -844,7 +833,7 @@ PS_DEVICE bool store_and_prefetch(const RowSlots<T, VEC>& rs, i64 begin, i64 end
   }
 }
 
-// ---- tier 0, packed: rows of a few elements inside a thread's vectors ---------------
+// ---- short rows, packed: rows of a few elements inside a thread's vectors ------------------
 // Contiguous rows of COLS elements: GROUP = lcm(COLS, VEC) / VEC consecutive aligned vectors
 // hold whole rows when the span starts on a row boundary (the host checks that its
 // misalignment is a multiple of COLS). A thread takes DEPTH groups from shared memory (below),
@@ -861,24 +850,19 @@ template <int A> struct Gcd<A, 0> { static const int value = A; };
 // into registers: 4 blocks of 256 threads a multiprocessor for registers, DRAM at 66%). Reading its
 // group back, a thread's 16-byte accesses are GROUP * 16 bytes apart, which for an odd GROUP (1, 3,
 // 5 or 7: every length the planner packs) meets no bank twice in a quarter warp.
-const int kPackedThreads = 256;  // the packed tier's launch bound (PACKED_THREADS in the planner)
+const int kPackedThreads = 256;  // the packed tier's launch bound (Tuning.packed_threads in the planner)
 // Groups of more than 32 values (5 and 7 columns of 16-bit values) hold a block to 3-4 a
-// multiprocessor for registers: those may take two tiles (the planner's stages, PACKED_STAGES), so
-// that a block taking several rounds has the next one's copies in flight. Measured on an H200 (%
-// of the copy, softmax / log_softmax, two rounds a block): float16 5 columns 89 / 91 -> 95 / 98,
-// 7 columns 87 / 89 -> 95 / 97, bfloat16 7 columns 87 / 91 -> 96 / 99 against one tile. Shorter
-// groups keep one tile: the loop that can take two cost them 8-16 registers a thread (32 -> 40-48).
+// multiprocessor for registers: those may take two tiles (the planner's Tuning.packed_stages), so
+// that a block taking several rounds has the next one's copies in flight. Shorter groups keep one
+// tile: the loop that can take two costs them 8-16 registers a thread.
 const int kPackedTwoTilesAbove = 32;
 // Groups of up to this many values are widened whole, then taken a row at a time; larger ones
 // (16-bit rows of 9, 11, 13, 18, 36 and 44 columns: 72-104 values) stay as stored and are widened
-// a row at a time. Widened whole, those took 85-130 registers a thread (sm_90: two blocks of 256
-// threads a multiprocessor at 13 columns); a row at a time, under packed_min_blocks' bound, 55-71
-// with no spill.
+// a row at a time, which keeps them within packed_min_blocks' register bound without spilling.
 const int kPackedWidenedMost = 64;
 // The groups widened a row at a time compile for three blocks of kPackedThreads a multiprocessor
-// (at most 85 registers a thread). Without the bound nvcc gave them 32-40 registers and less overlap
-// of a group's reads with its arithmetic: on an H200, 16-bit 13 columns at 8 and 64 MiB 2-5 points
-// of the copy slower, 9 and 11 columns level.
+// (at most 85 registers a thread): without the bound the compiler gives them fewer registers and
+// less overlap of a group's reads with its arithmetic.
 template <int COLS, int VEC> constexpr int packed_min_blocks() {
   return COLS / Gcd<COLS, VEC>::value * VEC > kPackedWidenedMost ? 3 : 0;
 }
@@ -912,8 +896,8 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile
   // Where the slots of the round's u-th block of groups are all whole vectors (every round but
   // the span's first and last), its loops take no test a slot and address it from one pointer:
-  // RowSlots' 64-bit tests and addresses were about half the instructions of a 16-byte slot's
-  // copy or store, in a tier the H200 holds to its instruction issue.
+  // RowSlots' 64-bit tests and addresses would be about half the instructions of a 16-byte slot's
+  // copy or store, in a tier bound by instruction issue.
   const i64 whole_from = span.pad > 0 ? 1 : 0, whole_end = (span.pad + span.cols) / VEC;
   auto all_whole = [&](i64 first) { return first >= whole_from && first + threads * GROUP <= whole_end; };
   // A round's slots into `at`, in order but for the swizzle within each group: slot place = s *
@@ -1056,7 +1040,7 @@ PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe, int stages, Vec
   packed_groups<T, OP, COLS, VEC, GROUP, DEPTH>(span, (span.slots + GROUP - 1) / GROUP, safe, tile, stages);
 }
 
-// ---- tier 1, staged: contiguous short rows through shared memory -------------------
+// ---- short rows, staged: contiguous rows through shared memory ----------------------------
 // A staged row of n <= N elements in one thread's registers; the slots past n read as -inf,
 // which adds nothing to (m, d), and are not written back.
 template <int OP, typename T, int N> PS_DEVICE void staged_row_in_registers(T* row, int n, bool safe) {
@@ -1194,9 +1178,8 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   }
   MD<C> md = {m, d};
   const RowFinish<OP, T> f(md, safe);
-  // The row's outputs, the emptiness test outside the loop. f(x) alone gives an empty row's outputs
-  // too, but without this test 16-bit softmax rows of 32 and 288 columns measured 1-1.5 points of
-  // the copy slower (H100).
+  // The row's outputs, the emptiness test outside the loop (f(x) alone gives an empty row's outputs
+  // too, but at a test a value).
   auto write = [&](auto&& out) {
     if (head && leader) row[0] = from_compute<T>(out(first));
     if (tail && leader) row[n - 1] = from_compute<T>(out(last));
@@ -1293,17 +1276,10 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
   }
 }
 
-// ---- tier 3: a block per row, row cached in shared memory ----------------
+// ---- a block a row: the row cached in shared memory --------------------------------------
 // The row's copies in kBlockCopyGroups commit groups (cache_chunk), so that a block's exps of the
-// first groups overlap its copies of the later ones. Measured (same run, two runs each, % of the
-// copy, against one wait for every copy): two groups, H200 16-bit rows of 32000-50257 columns +1
-// to +2 (float16 2670x50257 87-88 -> 88-89), 4096-16384 columns and float32 rows level; H100 level
-// to +1. Four groups against two: H200 float32 rows of 32000-56000 columns (a block alone on its
-// multiprocessor) +1 to +2 (1700x40000 89 -> 90-91.5), H100 level to +0.6, other float32 rows
-// level on both; 16-bit 4096 columns 1-3 slower, rows alone level. Eight: slower everywhere. In the
-// on-chip split (store_and_prefetch's copies committed in groups too) two to eight groups measured
-// up to 13 points slower on the H200 (16-bit 100000-262144 columns 77-83 -> 72-78 at four), so it
-// keeps one wait.
+// first groups overlap its copies of the later ones. The on-chip split keeps one wait: its blocks
+// already overlap one chunk's copies with another's stores (store_and_prefetch).
 template <typename T> constexpr int kBlockCopyGroups = sizeof(T) == 4 ? 4 : 2;
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
@@ -1399,19 +1375,15 @@ template <typename T, int VEC, int HELD> struct HeldChunkSlots {
   }
 };
 
-// ---- tier 3, rows past a block's shared memory: their first slots in registers ----------
+// ---- a block a row, past a block's shared memory: the first slots in registers ------------
 // A block a row, alone on its multiprocessor, as block_rows, for rows that its shared memory
 // alone cannot hold: a thread holds kRowRegisterSlots slots of the row's first
 // kRowRegisterSlots * blockDim in registers (slot u * blockDim + thread, loaded first, all in
 // flight at once), and the rest is cached in shared memory as block_rows caches a row. The
 // registers' (m, d) is taken while the cache's copies land. Such a row is read once by a block
 // that waits on no other, where the on-chip split's blocks wait for each other's chunks.
-// Measured on an H200 (tools/standalone/block_rows.cu --long, % of the copy): float32 rows of
-// 65536 and 80000 columns 90-91.6 and bfloat16 rows of 128256-163840 columns 89-90.5 at 1024
-// threads of 8 register slots, where the on-chip split ran 87 and 81-83 in the same machine
-// session; 16 register slots at 512 threads 87-91, all in one wait 1 point slower.
 const int kRowRegisterSlots = 8;        // 32 of a thread's 64 registers at 1024 threads
-const int kRowRegistersThreads = 1024;  // the launch bound (planner.ROW_REGISTERS_THREADS)
+const int kRowRegistersThreads = 1024;  // the launch bound (planner Tuning.row_registers_threads)
 
 template <typename T, int OP, int WARP, int VEC>
 PS_DEVICE void block_rows_registers(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe,
@@ -1457,7 +1429,7 @@ PS_DEVICE void block_rows_registers(const T* x, T* y, i64 rows, i64 cols, i64 x_
   }
 }
 
-// ---- tier 4: a row split across blocks --------------------------------------
+// ---- a row split across blocks: two passes ------------------------------------------------
 // Pass 1 writes one (m, d) per chunk of chunk_slots slots; pass 2 merges the
 // row's partials with the monoid and normalises its chunk.
 template <typename T, int VEC>
@@ -1491,9 +1463,7 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
                                i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks, int safe) {
   typedef typename compute_of<T>::type C;
   // The jobs in the reverse of split_partials' order: the chunks it read last are the ones the L2
-  // cache still holds when this pass starts. Measured on an H100 (two runs): one 1e8 float32 row
-  // 62.1-62.2 -> 62.3-62.4% of the copy, 16-bit rows of 67-134 million 52 -> 52.2-53; small, but
-  // in every pair.
+  // cache still holds when this pass starts.
   const i64 jobs = rows * chunks;
   for (i64 k = PS_BLOCK_X; k < jobs; k += PS_GRID_DIM_X) {
     const i64 job = jobs - 1 - k;
@@ -1516,21 +1486,18 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
   }
 }
 
-// ---- tier 4, on chip: a row split across co-resident blocks -------------------
+// ---- a row split across blocks: on chip, the blocks co-resident ---------------------------
 // Each block caches its chunk in shared memory, publishes the chunk's (m, d) and
 // waits only for the other chunks of the same row, then normalises from the cache:
 // one read and one write of the row. The launch keeps every block resident
 // (rows advance in rounds of gridDim / chunks), so the wait always ends.
 // The chunks' pairs meet in PublishedPairs (below). A block's stores of one
-// row refill its cache with its chunk of the next (store_and_prefetch). Measured on an
-// H100: 16-bit rows of 128256-262144 columns +1-3 points of the copy, float32 65536 +1.
+// row refill its cache with its chunk of the next (store_and_prefetch).
 
 // One thread of a block counts the block's arrival and waits until `blocks` blocks have arrived;
 // with `fence`, writes made visible (fenced) before the arrival are visible to it after the wait.
 // Without it (readers that poll each word until it lands, PublishedPairs' float pairs) the wait
-// ends sooner: the fence waits for every earlier write of the thread. Measured on an H200 (same
-// process, % of the copy): the on-chip split's long and few rows +1.0-1.3 on average, ahead on
-// 35 of 40 rows (bfloat16 256x262144 81 -> 82.6, float32 704x190000 90.5 -> 91.4).
+// ends sooner: the fence waits for every earlier write of the thread.
 PS_DEVICE void arrive_and_wait(unsigned* arrivals, i64 blocks, bool fence = true) {
   PS_ATOMIC_ADD(arrivals, 1u);
   while (PS_ATOMIC_ADD(arrivals, 0u) < (unsigned)blocks) PS_SPIN_PAUSE();
@@ -1553,9 +1520,8 @@ PS_DEVICE bool depart_last(unsigned* arrivals, i64 blocks, i64 counted) {
 // reader polls it until it is not zero, which a published pair never is (m = +0 comes with d >= 1,
 // d = 0 only with m = -inf). So a float pair needs no fence before its writer counts its arrival
 // (arrive_and_wait): the count says when to look, the word whether it has landed. A fence waits for
-// every earlier write of the thread, the row's output stores among them. Measured on an H100 against
-// a fence before each count: rows of 65536-262144 columns +2-4 points of the copy (float32 131072:
-// 84 -> 86-88, 16-bit 128256: 84 -> 87-89). A double pair is two words: its writer fences before
+// every earlier write of the thread, the row's output stores among them. A double pair is two
+// words: its writer fences before
 // counting (kCounted) and its readers read once after the count.
 template <typename C> struct PublishedPairs {
   static constexpr bool kCounted = sizeof(C) != 4;
@@ -1600,14 +1566,9 @@ template <typename C> struct PublishedPairs {
 
 // The (m, d) of a whole row from its chunks' partials (`local`: this thread's, not yet reduced):
 // publish this block's, wait for the row's other chunks, merge them all. One thread waits on the
-// count while the others sit at a barrier: threads polling the other chunks' pairs directly
-// measured 2-4 points slower on these rows (H100), and warp 0's lanes polling them while its first
-// lane waits on the count 5-6 slower (H200). The block's pair and the row's total are reduced in
-// warp 0 alone (four barriers a row, where two block reductions took six and one between).
-// Measured on an H200 (same process, % of the copy), each against the form before it: +1.1-1.6
-// on average over long and few split rows, and +2.6-3.1 together with arrive_and_wait's fence
-// dropped for float pairs (ahead on 40 of 40 rows; bfloat16 512x131072 81 -> 84, float32 47x50257
-// 80 -> 84.5).
+// count while the others sit at a barrier (threads polling the pairs themselves would take issue
+// slots from the block's loads). The block's pair and the row's total are reduced in warp 0 alone:
+// four barriers a row, where two block reductions take six.
 // previous_row (or -1): the row these blocks took before, whose scratch this block clears here.
 template <int WARP, typename C>
 PS_DEVICE MD<C> row_total_across_blocks(MD<C> local, C* partials, unsigned* arrivals, i64 row, i64 chunk,
@@ -1639,21 +1600,14 @@ PS_DEVICE MD<C> row_total_across_blocks(MD<C> local, C* partials, unsigned* arri
 // the chunk's first HELD * blockDim slots (slot begin + u * blockDim + thread), and the cache the
 // rest. So a multiprocessor holds more blocks' chunks at the same chunk size (its registers beside
 // its shared memory): the split's figure rises with the blocks a multiprocessor. The next row's
-// held slots are loaded as this row's are stored, as store_and_prefetch refills the cache.
-// Measured on an H200 (same process, % of the copy; planner.SPLIT_REGISTERS): float32 rows of
-// 96000-1048576 columns 81-90 -> 88-93 at 5 held slots and 5 blocks of 256 threads, 16-bit rows
-// of 190000-262144 columns 79-93 -> 82-95 at 3 held slots and 5 blocks; more held slots under
-// fewer blocks, or slots spilled under the register cap, were slower (8 slots, 3 blocks: 72-86).
-const int kSplitRegistersThreads = 256;  // the launch bound (planner.SPLIT_REGISTERS_THREADS)
+// held slots are loaded as this row's are stored, as store_and_prefetch refills the cache. The
+// built (held slots, blocks) pairs are _variants.SPLIT_REGISTERS_CONFIGS: more held slots under
+// fewer blocks, or slots spilled under the register cap, would lose the gain.
+const int kSplitRegistersThreads = 256;  // the launch bound (planner Tuning.split_registers_threads)
 
 // A block's first row, whose copies no earlier row's stores issued: float32 chunks in two commit
-// groups (cache_chunk), so that the first half's exps overlap the second half's copies. Measured on
-// an H100 (same process, % of the copy, three calls): float32 +0.9, +1.0 and +0.3 on average over
-// 22-26 rows (few long rows at 9-16 MiB +1.5-3.5: 36x131072 84-85 -> 86-87; at 64 MiB level but
-// 128x131072, 97.5 -> 94-95.5 in one call of three); four groups gained more on few rows but lost
-// 3-4 on 64 MiB log_softmax rows; 16-bit chunks (whose two-pass sum the groups' one-pass sum
-// replaces) 0.8 slower, and with each group's sum two-pass level. On an H200 float32 +1.0 (few long
-// rows +2.4-3.4: 18x262144 73.2-73.6 -> 75.3-76.4).
+// groups (cache_chunk), so that the first half's exps overlap the second half's copies. 16-bit
+// chunks keep one: the groups' one-pass sum would replace their cheaper two-pass one.
 template <typename T> constexpr int kSplitFirstRowGroups = sizeof(T) == 4 ? 2 : 1;
 
 template <typename T, int OP, int WARP, int VEC, int HELD = 0>
@@ -1720,9 +1674,8 @@ PS_DEVICE MD<C> merge_column_groups(const C* part_m, const C* part_d, int q, int
 // block waits at the barrier after it: first the block's threads side by side, a thread a
 // (position, slice of the rows) in the slice's first row (which no other thread reads), then
 // (after a barrier) a thread a position over the slices (merge_column_groups). `slices` is
-// merge_slices_of(rows, width). With one warp merging a float32 tile's 32 rows alone, ncu saw the
-// block's other warps at those barriers for 12% of its stall samples; in slices, H200 axis 0 of
-// float32 8192 x 8192 went from 64-65% of the copy to 73-74 (16-bit tiles, 8 rows, level).
+// merge_slices_of(rows, width). One warp merging a tile's rows alone would hold the block's other
+// warps at those barriers.
 PS_DEVICE int merge_slices_of(int rows, int width) {
   const int threads_a_position = PS_BLOCK_DIM_X / width;
   return threads_a_position < rows ? (threads_a_position > 1 ? threads_a_position : 1) : rows;
@@ -1738,7 +1691,7 @@ PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, i
   }
 }
 
-// ---- reduction over a non-last axis -------------------------------------------
+// ---- a strided axis: column groups of a block, two reads ---------------------------------
 // The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
 // inner positions (coalesced loads) and splits the reduced axis among
 // blockDim / inner_tile column groups, whose (m, d) pairs merge in shared memory.
@@ -1799,7 +1752,7 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
   }
 }
 
-// ---- a short non-last axis, a thread per inner vector ------------------------------
+// ---- a strided axis, short: a thread per inner vector -------------------------------------
 // Where the reduced axis is short (a few rows) and inner long, strided_axis's column groups idle
 // and its barriers come every few values. Here a thread takes LINES vectors of VEC neighbouring
 // inner positions (one load a row each; the host checks that every row is VEC-aligned), the
@@ -1900,7 +1853,7 @@ PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, 
   }
 }
 
-// ---- reduction over a non-last axis, on chip ----------------------------------------
+// ---- a strided axis, on chip: chunks of the axis on co-resident blocks -------------------
 // strided_axis reads the tensor twice. Here a tile's reduced axis is split into `chunks` chunks
 // of chunk_cols, each cached in shared memory by one of the tile's co-resident blocks (as
 // stored, [chunk_cols][inner_tile * VEC]), which publishes one (m, d) per inner position, waits
@@ -1933,9 +1886,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   const int group_slices = merge_slices_of(groups, width);
   const int chunk_slices = merge_slices_of((int)chunks, width);  // chunks <= multiprocessors (planner)
   // The variants that refill their cache asynchronously poll each pair as it lands and count no
-  // arrivals; the others wait on the tile's count. Measured on an H100 against the count: float32
-  // axis 0 of 8192 x 8192 70 -> 72-74% of the copy, 16384 x 4096 65 -> 68, 4096 x 16384 70 -> 75;
-  // but polling took the 16-bit (scalar) variants 42 -> 40.5, so they keep the count.
+  // arrivals (their pairs land as the refill goes on); the others wait on the tile's count.
   const PublishedPairs<C> pairs{partials};
   constexpr bool poll_pairs = kAsyncSlots<T, VEC> && !PublishedPairs<C>::kCounted;
   // The first position of this thread in a tile (inner positions past `inner` read as empty).
@@ -2083,8 +2034,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     issued = prefetch;
     PS_SYNC();  // the next tile reuses the scratch
     if (next_tile >= tiles) {  // this block's last tile: the last of its chunks to leave clears it
-      // The answer reaches the block through part_m, free here: a shared flag of its own took a
-      // multiprocessor's fourth block's last bytes (H200 axis 0 of 8192 x 8192 73 -> 71).
+      // The answer reaches the block through part_m, free here: a shared flag of its own would take
+      // shared memory a multiprocessor's fourth block needs.
       if (PS_THREAD_X == 0) part_m[0] = depart_last(arrivals + tile, chunks, poll_pairs ? 0 : chunks) ? C(1) : C(0);
       PS_SYNC();
       if (part_m[0] != C(0)) {
@@ -2096,14 +2047,9 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
 }
 
 // Launch bounds of the tiers that cache rows in shared memory: the most threads a block the
-// planner gives them (planner.py: BLOCK_TIER_MAX_THREADS, STAGED_THREADS, CACHED_THREADS_BY_ITEMSIZE)
+// planner gives them (its Tuning: block_tier_max_threads, staged_threads, cached_threads_by_itemsize)
 // and how many such blocks a multiprocessor must hold, which caps registers a thread (NVIDIA: 40,
-// 56, 42). Measured on an H100: 16-bit rows of 3000-32000 columns from 80-83% of the copy at 52-64
-// registers (8 blocks a multiprocessor) to 93-95%, 67 columns 82 -> 86; float32 unchanged.
-// Bounds of 4, 9 and 6 blocks spilled (float32 8192 columns 99 -> 90). The on-chip split's float32
-// blocks of 384 threads, four a multiprocessor, compile to 22-23 registers (48 under the earlier
-// bound of 256 threads, five blocks) and its 16-bit ones to 30-32 as before; 512 threads, four a
-// multiprocessor, spilled in float32.
+// 56, 42): enough blocks resident to keep loads in flight, and no spills.
 const int kBlockTierThreads = 512, kBlockTierMinBlocks = 3;
 const int kStagedThreads = 128, kStagedMinBlocks = 9;
 const int kCachedThreads = 384, kCachedMinBlocks = 4;
@@ -2111,9 +2057,9 @@ const int kCachedThreads = 384, kCachedMinBlocks = 4;
 template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
 // The on-chip strided tier's float32 and 16-bit variants that refill their cache asynchronously
 // need a cap of 64 registers a thread to keep the planner's 4 blocks a multiprocessor
-// (STRIDED_CHUNKS_PER_SM; float32 took 78 without it, 16-bit pairs 74); the others compile with no
-// minimum (0): a cap changed the 16-bit scalar variant's code (3-4 points of the copy slower on an
-// H100), and float64 needs its registers.
+// (Tuning.strided_chunks_per_sm; without it they take 74-78); the others compile with no
+// minimum (0): a cap changes the 16-bit scalar variant's code for the worse, and float64 needs
+// its registers.
 template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   return kAsyncSlots<T, VEC> && sizeof(T) <= 4 ? 4 : 0;
 }

@@ -1170,3 +1170,50 @@ def test_built_kernels_are_the_plannable_ones(monkeypatch, backend, dtype):
             assert names <= built, (device.name, problem, names - built)
             planned |= names
     assert built == planned, f"built for {backend}, planned on no profile: {sorted(built - planned)}"
+
+
+#: shape -> regime on the committed Tuning: one or two shapes a regime and device family
+GOLDEN_REGIMES = [
+    ("h100", "float16", (1 << 20, 8), "short rows", "packed"),
+    ("h100", "float16", (1 << 18, 100), "short rows", "staged_group"),
+    ("rdna3", "bfloat16", (1 << 18, 100), "short rows", "staged"),
+    ("h100", "float32", (4096, 1000), "a warp a row", "warp"),
+    ("mi300x", "float32", (4096, 1000), "a warp a row", "warp"),
+    ("h100", "float32", (4096, 8192), "a block a row", "block"),
+    ("h100", "float32", (4096, 40000), "a block a row", "block_registers"),
+    ("h100", "float32", (64, 262144), "a row split across blocks", "cached"),
+    ("mi300x", "float32", (4096, 8192), "a row split across blocks", "cached"),
+    ("h100", "float32", (1, 10**8), "a row split across blocks", "split"),
+    ("h100", "float32", (1, 8192, 8192), "a strided axis", "strided_cached"),
+    ("mi300x", "float32", (1, 4, 8192), "a strided axis", "strided_thread"),
+    ("h100", "float32", (64, 300, 7), "a strided axis", "strided"),
+]
+
+
+@pytest.mark.parametrize(("profile", "dtype", "shape", "regime", "tier"), GOLDEN_REGIMES)
+def test_golden_regimes(monkeypatch, profile, dtype, shape, regime, tier):
+    set_small_input_rules(monkeypatch, True)  # the planner as committed
+    if len(shape) == 2:
+        problem = RowProblem(dtype, "softmax", *shape)
+    else:
+        outer, cols, inner = shape
+        strides = (cols * inner, inner, 1)
+        problem = StridedProblem(dtype, "softmax", outer, cols, inner, strides, strides)
+    p = plan(problem, PROFILES[profile])
+    assert (p.regime, p.tier) == (regime, tier), p
+    assert set(planner.REGIMES.values()) - {"empty"} == {
+        "short rows", "a warp a row", "a block a row", "a row split across blocks", "a strided axis"}
+
+
+def test_a_tuning_is_an_argument_and_changes_only_its_own_plans(monkeypatch):
+    set_small_input_rules(monkeypatch, True)  # the planner as committed
+    device = PROFILES["h100"]
+    problem = RowProblem("float32", "softmax", 4096, 8192)
+    tuning = default_tuning(device)
+    narrower = replace(tuning, block_tier_max_threads=256, block_tier_slots_per_thread=64)
+    assert tuning == planner.ASYNC_COPY_TUNING and default_tuning(PROFILES["mi300x"]) == DEFAULT_TUNING
+    # 2048 16-byte slots at 64 a thread: one warp, where the committed 8 a thread take 256 threads
+    assert plan(problem, device, narrower).launches[0].block == 32 < plan(problem, device).launches[0].block
+    assert plan(problem, device, tuning) == plan(problem, device)
+    with pytest.raises(TypeError, match="immutable"):
+        tuning.warp_tier_max_values[2] = 8
