@@ -15,26 +15,35 @@ import argparse
 import collections
 import random
 import sys
+from dataclasses import replace
 
 from ab_bench import owner_of, parse_variants, scan_specs, use
 
 from portable_softmax import planner
 
 
+def variant_tuning(settings: dict, device: planner.DeviceProfile) -> planner.Tuning:
+    """The device family's Tuning with a variant's planner knobs (NAME: the field name.lower())."""
+    fields = {key.lower(): value for key, value in settings.items() if "." not in key}
+    return replace(planner.default_tuning(device), **fields)
+
+
 def changed_specs(variants: list[tuple[str, dict]], specs: list[str], device: planner.DeviceProfile,
                   defaults: dict) -> dict[tuple[str, str, float], list[str]]:
     """The specs whose plan differs between the first variant and any other, by (dtype, the first
-    variant's tier, input MiB)."""
+    variant's tier, input MiB). Planner knobs go in as a Tuning; catalogue knobs (V.NAME) are set
+    for the variant and restored."""
     changed = collections.defaultdict(list)
+    tunings = [variant_tuning(settings, device) for _, settings in variants]
     for spec in specs:
         dtype, shape = spec.split(":")[:2]
         rows, cols = (int(d) for d in shape.split("x"))
         problem = planner.RowProblem(dtype, "softmax", rows, cols)
         plans = []
-        for _, settings in variants:
-            use(settings, defaults)
-            plans.append(planner.plan(problem, device))
-        use({}, defaults)
+        for (_, settings), tuning in zip(variants, tunings):
+            use({k: v for k, v in settings.items() if "." in k}, {k: v for k, v in defaults.items() if "." in k})
+            plans.append(planner.plan(problem, device, tuning))
+        use({}, {k: v for k, v in defaults.items() if "." in k})
         if any(p != plans[0] for p in plans[1:]):
             mib = round(rows * cols * planner.V.DTYPES[dtype][2] / (1 << 20), 2)
             changed[dtype, plans[0].tier, mib].append(spec)
