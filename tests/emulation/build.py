@@ -3,7 +3,7 @@
 The library holds the SIMT runtime, the probe kernels and every entry point of
 ``<src_dir>/softmax_<tag>.cu`` for the requested dtypes. It is cached under
 ``build/emulation/<key>/``, the key hashing the compiler, the flags and every
-source file, so a later session (or a mutated source tree) reuses or rebuilds
+source file, so a later test run (or a mutated source tree) reuses or rebuilds
 exactly what changed.
 """
 
@@ -103,7 +103,7 @@ def build_library(src_dir: Path = SRC_CUDA, dtypes: tuple[str, ...] = tuple(V.DT
     build_root = Path(build_root)
     build_root.mkdir(parents=True, exist_ok=True)
     with open(build_root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test sessions build once
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test runs build once
         if library.is_file():
             return library
         with tempfile.TemporaryDirectory(dir=build_root, prefix=".building-") as tmp:
