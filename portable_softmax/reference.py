@@ -130,10 +130,18 @@ def _along_axis(x, y, axis: int, op: str, safe: bool, compute: np.dtype) -> None
     s = w = None  # the sums, in float64
     for lo, hi in blocks:
         xb = part(x, lo, hi)
-        # softmax straight into y: exp(x - m) there, scaled at the end
-        w = part(y, lo, hi) if direct and op == "softmax" else work(xb.shape)
-        np.subtract(xb, m, out=w, dtype=compute)
-        np.exp(w, out=w)
+        if not direct:
+            w = work(xb.shape)
+            np.subtract(xb, m, out=w, dtype=compute)
+            np.exp(w, out=w)
+        elif op == "softmax":  # exp(x - m) straight into y, scaled at the end
+            w = part(y, lo, hi)
+            np.subtract(xb, m, out=w)
+            np.exp(w, out=w)
+        else:  # x - m into y, its exp apart
+            yb, w = part(y, lo, hi), work(xb.shape)
+            np.subtract(xb, m, out=yb)
+            np.exp(yb, out=w)
         partial = np.add.reduce(w, axis=axis, dtype=np.float64, keepdims=True)
         s = partial if s is None else s + partial
     if op == "softmax":
@@ -153,14 +161,16 @@ def _along_axis(x, y, axis: int, op: str, safe: bool, compute: np.dtype) -> None
                 np.copyto(part(y, lo, hi), w, casting="unsafe")
         if safe and has_empty:
             np.copyto(y, 0, where=empty)
-    else:
+    else:  # (x - m) - log(s): the shift first, exact where x is near m
         log_s = np.log(s).astype(compute)
-        for lo, hi in blocks:  # (x - m) - log(s): the shift first, exact where x is near m
-            xb, yb = part(x, lo, hi), part(y, lo, hi)
-            w = yb if direct else work(xb.shape)
-            np.subtract(xb, m, out=w, dtype=compute)
-            np.subtract(w, log_s, out=w)
-            if w is not yb:
-                np.copyto(yb, w, casting="unsafe")
+        if direct:
+            np.subtract(y, log_s, out=y)
+        else:
+            for lo, hi in blocks:
+                xb = part(x, lo, hi)
+                w = work(xb.shape)
+                np.subtract(xb, m, out=w, dtype=compute)
+                np.subtract(w, log_s, out=w)
+                np.copyto(part(y, lo, hi), w, casting="unsafe")
         if safe and has_empty:
             np.copyto(y, -np.inf, where=empty)
