@@ -220,7 +220,7 @@ def test_cuda_tensors_that_require_grad_get_torchs_gradients(rng, monkeypatch, o
     getattr(ps, op)(plain)  # the full path, which prepares
     from portable_softmax import api
 
-    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("a repeat call went through the full path"))
     assert_matches(_to_numpy(getattr(ps, op)(plain)), _to_numpy(plain), op=op)
 
 
@@ -248,7 +248,7 @@ def test_cuda_tensors_under_torch_compile_and_vmap(rng, monkeypatch, mode):
     ps.softmax(x)  # the full path, which prepares
     from portable_softmax import api
 
-    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("a repeat call went through the full path"))
     assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x))
 
 
@@ -377,7 +377,7 @@ def test_repeat_call_takes_the_prepared_launcher(rng, monkeypatch):
 
     x = torch.from_numpy(random_input(rng, (8, 1000), "float32")).cuda()
     ps.softmax(x)  # plans and prepares
-    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+    monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("a repeat call went through the full path"))
     assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x))
 
 
@@ -391,7 +391,7 @@ def test_repeat_call_with_out_takes_the_prepared_launcher_where_out_is_laid_out_
 
     x = torch.from_numpy(random_input(rng, (8, 1000), "float32")).cuda()
     ps.log_softmax(x, out=torch.empty_like(x))  # plans and prepares, out= given
-    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("an out= repeat call took the full path"))
+    monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("an out= repeat call took the full path"))
     for _ in range(2):
         out = torch.full_like(x, float("nan"))
         assert ps.log_softmax(x, out=out) is out
@@ -403,7 +403,7 @@ def test_repeat_call_with_out_takes_the_prepared_launcher_where_out_is_laid_out_
     assert any(len(key) > 8 and key[10] == (1024, 1) for key in api._prepared), "strided out= kept apart"
     same = x.clone()
     ps.softmax(same, out=same)  # in place: prepared on the first call, replayed on the second
-    monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("an in-place repeat call took the full path"))
+    monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("an in-place repeat call took the full path"))
     again = x.clone()
     assert ps.softmax(again, out=again) is again
     assert_matches(_to_numpy(again), _to_numpy(x), what="in place, repeat")
@@ -426,7 +426,7 @@ def test_cupy_repeat_calls_take_the_prepared_launches_and_stay_correct(rng, monk
     ps.softmax(x, axis=axis)  # plans and prepares
     ps.log_softmax(x, axis=axis, out=cupy.empty_like(x))  # the same, out= given
     classify, full_path = api.classify, []
-    monkeypatch.setattr(api, "classify", lambda a: full_path.append(a) or classify(a))
+    monkeypatch.setattr(api, "classify", lambda a, **kw: full_path.append(a) or classify(a, **kw))
     for _ in range(2):
         fresh = x * float(rng.uniform(0.5, 2.0))  # new data, the same layout
         y = ps.softmax(fresh, axis=axis)
@@ -498,7 +498,7 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
             for keep in scratches:
                 assert int(torch.count_nonzero(keep)) == 0, f"{tier}: scratch left not zero"
         x = base.clone()
-        monkeypatch.setattr(api, "classify", lambda *_: pytest.fail("a repeat call went through the full path"))
+        monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("a repeat call went through the full path"))
         assert_matches(_to_numpy(ps.softmax(x, axis=axis)), _to_numpy(x), axis=axis, what=f"{tier} prepared")
         out = torch.full_like(x, float("nan"))
         ps.log_softmax(x, axis=axis, out=out)
@@ -512,7 +512,7 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
 @pytest.mark.parametrize("dtype, cols, tier", [("float32", 50257, "cached"), ("bfloat16", 120011, "cached"),
                                                ("float32", 50257, "cached_registers"),
                                                ("bfloat16", 120011, "cached_registers"),
-                                               ("float32", 50257, "cluster"), ("float32", 50257, "block"),
+                                               ("float32", 50257, "block"),
                                                ("float32", 65537, "block_registers"),
                                                ("bfloat16", 131071, "block_registers"),
                                                ("float32", 40001, "block_registers"),
@@ -521,16 +521,14 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     """Rows too long for half a multiprocessor's shared memory, contiguous and as views whose rows
     start at varying misalignments (partial head and tail slots), with NaN, +inf and -inf rows:
     blocks that merge through global memory, each taking several rows in turn (cached; where copies
-    are asynchronous also cached_registers, each chunk's first slots in registers), a cluster of
-    blocks per row (cluster, sm_90+), and a block alone on its multiprocessor per row (block, where
+    are asynchronous also cached_registers, each chunk's first slots in registers), and a block
+    alone on its multiprocessor per row (block, where
     copies are asynchronous; block_registers, with the row's first slots in registers, and the
     shorter of those rows two blocks of half the threads a multiprocessor)."""
     from portable_softmax import api, planner
 
     torch = _torch_cuda()
     rt = _probe.runtime("cuda")
-    if tier == "cluster" and not planner.has_clusters(rt.profile(0)):
-        pytest.skip(f"{rt.profile(0).arch} has no thread block clusters")
     if tier in ("block", "block_registers") and not planner.has_async_copy(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: such rows are split")
     if tier == "cached_registers" and not planner.has_async_copy(rt.profile(0)):
@@ -539,11 +537,9 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     tier = "cached" if held else tier
     if not held:
         monkeypatch.setattr(planner, "SPLIT_REGISTERS", {})
-    monkeypatch.setattr(planner, "CLUSTER_SPLIT", tier == "cluster")
     monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", tier == "block")
     monkeypatch.setattr(planner, "ROW_REGISTERS", tier == "block_registers")
     monkeypatch.setattr(planner, "BLOCK_ALONE_MIN_WAVES", 0)  # blocks alone at any number of rows
-    monkeypatch.setattr(planner, "CLUSTER_ITEMSIZES", (2, 4))  # float32 clusters too, which none plans
     planner.plan.cache_clear()
     api._prepared.clear()
     rows = 600 if held else 400  # three rounds of the grid: the held chunks are larger, so more blocks a round
