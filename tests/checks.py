@@ -6,13 +6,9 @@ import numpy as np
 
 from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
+from portable_softmax._tolerance import ATOL, MANTISSA, RTOL, ULP_BOUND, ulp  # noqa: F401  (the package's bounds)
 from portable_softmax.planner import DeviceProfile, RowProblem, plan
 
-ATOL, RTOL = 1e-6, 1e-5
-#: float16 / bfloat16 results lie within this many units in the last place of the output dtype,
-#: plus the float32 computation's own absolute tolerance ATOL (log_softmax near 0 loses digits there)
-ULP_BOUND = 1
-_MANTISSA = {"float16": (10, -14), "bfloat16": (7, -126)}
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 OPS = ("softmax", "log_softmax")
 
@@ -38,14 +34,6 @@ def random_input(rng, shape, dtype: str, scale: float = 4.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(host_dtype(dtype))
 
 
-def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Spacing of ``dtype`` at each |value| (subnormal spacing below the normal range)."""
-    mantissa, min_exp = _MANTISSA[dtype]
-    a = np.abs(values)
-    exp = np.floor(np.log2(np.where(a > 0, a, 1.0)))
-    return 2.0 ** (np.maximum(exp, min_exp) - mantissa)
-
-
 def _reference(x, axis, op: str, safe: bool) -> np.ndarray:
     """The float64 reference; ``axis`` may be a tuple of axes or None (their joint set, computed
     here by moving them to the end and flattening them, apart from the package's own way)."""
@@ -69,7 +57,7 @@ def mismatches(y, x, axis: int | tuple[int, ...] | None = -1, op: str = "softmax
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - ref)
         dtype = x.dtype.name
-        if dtype in _MANTISSA:
+        if dtype in MANTISSA:
             bound = ULP_BOUND * ulp(np.maximum(np.abs(ref), np.abs(got)), dtype) + ATOL
         else:
             bound = ATOL + RTOL * np.abs(ref)
