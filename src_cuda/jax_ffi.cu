@@ -124,6 +124,9 @@ ffi::Error Launch(CUstream stream, int32_t device, ffi::RemainingArgs operands, 
       } else {
         return ffi::Error::InvalidArgument(Where(op, axis, l) + ": unknown argument kind " + std::to_string(kind));
       }
+      if ((kind == kOperand || kind == kResult) && slot % 16 != 0) {  // planned for 16-byte aligned buffers
+        return ffi::Error::InvalidArgument(Where(op, axis, l) + ": a buffer XLA gave is not 16-byte aligned");
+      }
       params[a - first] = &slot;
     }
     auto fn = reinterpret_cast<CUfunction>(functions[row * launches + l]);
@@ -164,6 +167,9 @@ auto Bind() {
 
 }  // namespace
 
+// The library is built with hidden visibility (the FFI headers' inline code stays its own); these are exported.
+#pragma GCC visibility push(default)
+
 // Every launch and the memset can be captured into a graph: XLA may put the call in a command buffer.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PortableSoftmaxLaunch, Launch, Bind(), {ffi::Traits::kCmdBufferCompatible});
 // The same handler outside command buffers, for cooperative launches (PORTABLE_SOFTMAX_COOPERATIVE_LAUNCH=1).
@@ -178,3 +184,5 @@ extern "C" int PortableSoftmaxFfiInit(void* launch, void* cooperative_launch, vo
   error_name = reinterpret_cast<ErrorNameFn>(name_error);
   return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR;
 }
+
+#pragma GCC visibility pop

@@ -1,0 +1,218 @@
+"""The XLA FFI custom call that runs the package's kernels inside compiled JAX programs on CUDA and ROCm.
+
+One handler (src_cuda/jax_ffi.cu, hipified to src_hip/jax_ffi.hip) is built as a plain shared
+library against the headers of the jax installed at build time, and registered here with
+``jax.ffi.register_ffi_target`` for platform "CUDA" or "ROCM". It replays a plan: this module
+plans the call when XLA lowers it (shapes are static then), resolves each launch's function
+handle and grid on every device of the runtime adapter (cupy; hip-python), and passes them as the
+custom call's attributes. The scratch is a workspace result XLA allocates; the handler zeroes it
+on XLA's stream where the plan needs it zero.
+
+>>> from portable_softmax import _jax_ffi
+>>> _jax_ffi.status().startswith(("registered", "built", "not built", "not registered"))
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import _launch
+from ._dtypes import storage_name
+from ._launch import KERNEL_DIR, PACKAGE_DIR
+from .layout import describe
+from .planner import I32, I64, PTR
+
+#: the handler as a command buffer (CUDA graph) may hold it, and the same handler outside them
+TARGET = "portable_softmax_launch"
+TARGET_UNCAPTURED = "portable_softmax_launch_uncaptured"
+#: a handler library to load instead of the installed one
+LIBRARY_ENV = "PORTABLE_SOFTMAX_JAX_FFI_LIBRARY"
+#: the command that builds the handler into the package
+BUILD_COMMAND = 'pip install --no-build-isolation ".[jax]"'
+#: runtime vendor -> the platform name jax.ffi.register_ffi_target takes
+FFI_PLATFORMS = {"cuda": "CUDA", "hip": "ROCM"}
+#: JAX lowering platform -> runtime vendor
+VENDORS = {"cuda": "cuda", "rocm": "hip"}
+#: the driver entry points PortableSoftmaxFfiInit takes: launch, cooperative launch, byte fill, error name
+ENTRY_POINTS = {
+    "cuda": ("cuLaunchKernel", "cuLaunchCooperativeKernel", "cuMemsetD8Async", "cuGetErrorName"),
+    "hip": ("hipModuleLaunchKernel", "hipModuleLaunchCooperativeKernel", "hipMemsetD8Async", "hipDrvGetErrorName"),
+}
+#: kinds of a kernel argument in the custom call's attributes (src_cuda/jax_ffi.cu)
+OPERAND, RESULT, SCRATCH, INT64, INT32 = range(5)
+
+_lock = threading.Lock()
+#: vendor -> None (registered) or why not
+_registered: dict[str, str | None] = {}
+_libraries: dict[str, ctypes.CDLL] = {}
+_api_versions: dict[str, str] = {}
+#: (vendor, shape, dtype, axis, op, safe) -> (target, attributes, workspace bytes)
+_calls: dict[tuple, tuple[str, dict, int]] = {}
+
+
+def library_path(vendor: str) -> Path | None:
+    """The handler library for ``vendor`` ('cuda' or 'hip'): $PORTABLE_SOFTMAX_JAX_FFI_LIBRARY, else the one the
+    build installed beside the kernels; None where there is none."""
+    given = os.environ.get(LIBRARY_ENV)
+    if given:
+        return Path(given)
+    name = f"jax_ffi_{vendor}.so"
+    for folder in (KERNEL_DIR, PACKAGE_DIR / "kernels"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _entry_points(vendor: str) -> list[int | None]:
+    if vendor == "cuda":
+        from ._cuda import cuda_launch_entry_point
+
+        return [cuda_launch_entry_point(symbol) for symbol in ENTRY_POINTS[vendor]]
+    from ._hip import hip_launch_entry_point
+
+    return [hip_launch_entry_point(symbol=symbol) for symbol in ENTRY_POINTS[vendor]]
+
+
+def register(vendor: str) -> str | None:
+    """Load the handler library and register its targets with JAX for ``vendor``'s platform, once.
+    None when registered; otherwise why not (the message names the build command)."""
+    with _lock:
+        if vendor in _registered:
+            return _registered[vendor]
+        _registered[vendor] = why = _register(vendor)
+        return why
+
+
+def _register(vendor: str) -> str | None:
+    path = library_path(vendor)
+    if path is None:
+        return (f"the JAX FFI handler for {FFI_PLATFORMS[vendor]} is not built (jax was not importable when the "
+                f"package was built); build it with `{BUILD_COMMAND}`")
+    try:
+        library = ctypes.CDLL(str(path))
+        init = library.PortableSoftmaxFfiInit
+    except (OSError, AttributeError) as e:
+        return f"the JAX FFI handler {path} does not load ({e}); rebuild it with `{BUILD_COMMAND}`"
+    launch, cooperative, fill, name = _entry_points(vendor)
+    if not launch or not fill:
+        return (f"{ENTRY_POINTS[vendor][0]} / {ENTRY_POINTS[vendor][2]} were not found in a loaded "
+                f"{'CUDA driver' if vendor == 'cuda' else 'HIP runtime'} library")
+    init.restype = ctypes.c_int
+    init.argtypes = [ctypes.c_void_p] * 4
+    version = init(launch, cooperative if _launch.COOPERATIVE_LAUNCHES else None, fill, name)
+    import jax
+
+    platform = FFI_PLATFORMS[vendor]
+    try:
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PortableSoftmaxLaunch), platform=platform)
+        jax.ffi.register_ffi_target(TARGET_UNCAPTURED, jax.ffi.pycapsule(library.PortableSoftmaxLaunchUncaptured),
+                                    platform=platform)
+    except Exception as e:  # noqa: BLE001 -- jaxlib's own errors: say which and go on without the FFI path
+        return f"jax.ffi.register_ffi_target refused {path}: {type(e).__name__}: {e}"
+    _libraries[vendor] = library
+    _api_versions[vendor] = f"{version // 1000}.{version % 1000}"
+    return None
+
+
+def status() -> str:
+    """Whether the FFI targets are registered, and for which platform (``portable-softmax info``)."""
+    lines = []
+    for vendor, platform in FFI_PLATFORMS.items():
+        if vendor in _registered:
+            why = _registered[vendor]
+            lines.append(f"registered for {platform} ({library_path(vendor)}, XLA FFI API "
+                         f"{_api_versions[vendor]})" if why is None else f"not registered for {platform}: {why}")
+            continue
+        path = library_path(vendor)
+        if path is not None:
+            lines.append(f"built for {platform} ({path}); registered on the first JAX call on such a GPU")
+    if not lines:
+        return f"not built (jax was not importable when the package was built); build it with `{BUILD_COMMAND}`"
+    return "; ".join(lines)
+
+
+def custom_call(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, safe: bool) -> tuple[str, dict, int]:
+    """(target, attributes, workspace bytes) of the custom call computing ``op`` of a C-contiguous
+    array along ``axis`` (counted from the end) on every device of ``vendor``'s runtime, planned
+    on the profile of device 0 (devices of another profile are left out: the handler refuses them)."""
+    name = storage_name(dtype)
+    key = (vendor, tuple(shape), name, axis, op, bool(safe))
+    found = _calls.get(key)
+    if found is None:
+        found = _calls[key] = _plan_call(vendor, tuple(shape), name, axis, op, bool(safe))
+    return found
+
+
+def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: str, safe: bool):
+    from . import _probe
+    from .api import problem_for
+    from .planner import plan
+
+    rt = _probe.runtime(vendor)
+    ndim = len(shape)
+    axis = axis % ndim
+    strides, step = [0] * ndim, 1
+    for d in range(ndim - 1, -1, -1):
+        strides[d], step = step, step * shape[d]
+    layout = describe(shape, tuple(strides), axis)
+    # XLA's buffers are at least 16-byte aligned (the handler checks): no misaligned head
+    the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), rt.profile(0))
+    nbytes, offsets = the_plan.scratch_layout() if the_plan.scratch else (0, {})
+    devices, functions, grids = [], [], []
+    reference = rt.profile(0)
+    for device in range(rt.device_count):
+        if rt.profile(device) != reference:
+            continue
+        devices.append(device)
+        for step_ in the_plan.launches:
+            fn = (rt.function(device, dtype, step_.kernel, step_.shared_mem) if vendor == "cuda"
+                  else rt.function(device, dtype, step_.kernel))
+            functions.append(int(fn))
+            grids.append(rt.resident_grid(fn, step_, device))
+    starts, kinds, values = [0], [], []
+    for step_ in the_plan.launches:
+        for kind, value in step_.args:
+            if kind == PTR:
+                kinds.append({"x": OPERAND, "y": RESULT}.get(value, SCRATCH))
+                values.append(0 if value in ("x", "y") else offsets[value])
+            elif kind in (I64, I32):
+                kinds.append(INT64 if kind == I64 else INT32)
+                values.append(int(value))
+            else:
+                raise ValueError(f"unknown kernel argument kind {kind!r}")
+        starts.append(len(kinds))
+    cooperative = [int(s.cooperative and _launch.COOPERATIVE_LAUNCHES) for s in the_plan.launches]
+    attributes = {
+        "op": op, "axis": np.int64(axis - ndim), "safe": bool(safe),
+        "zero_bytes": np.int64(nbytes if the_plan.scratch_zeroed else 0),
+        "devices": _i64(devices), "functions": _i64(functions), "grids": _i64(grids),
+        "blocks": _i64([s.block for s in the_plan.launches]),
+        "shared": _i64([s.shared_mem for s in the_plan.launches]),
+        "cooperative": _i64(cooperative), "arg_starts": _i64(starts),
+        "arg_kinds": _i64(kinds), "arg_values": _i64(values),
+    }
+    # cooperative launches stay out of command buffers; plain launches and the fill are captured
+    target = TARGET_UNCAPTURED if any(cooperative) else TARGET
+    return target, attributes, max(1, nbytes)
+
+
+def _i64(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+_warned: set[str] = set()
+
+
+def warn_once(why: str) -> None:
+    """One warning per reason that a jitted call on a GPU takes the host callback instead."""
+    if why not in _warned:
+        _warned.add(why)
+        warnings.warn(f"portable_softmax: inside jax.jit on a GPU the call is a host callback (a round trip "
+                      f"through host memory): {why}", RuntimeWarning, stacklevel=3)
