@@ -1,0 +1,434 @@
+"""JAX inside jax.jit: the FFI custom call on CUDA / ROCm, jax.numpy on CPU, and the handler's build.
+
+Without a GPU: the StableHLO lowered for cuda and rocm holds the custom call with the plan as its
+attributes (planned on a stand-in runtime with an H100's profile), the CPU lowering holds no callback
+and matches jax.nn in values, gradients and vmap, and the handler compiles against the local jaxlib
+headers. On a GPU (``pytest -m gpu tests/test_jax_ffi.py``): values against the float64 reference,
+gradients against jax.nn, vmap, a jitted two-layer model, eager arrays through the compiled call,
+and the compiled HLO holding the custom call and no host callback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from checks import assert_matches, random_input
+
+import portable_softmax as ps
+from portable_softmax import _jax, _jax_ffi, _probe
+from portable_softmax.api import problem_for
+from portable_softmax.layout import describe
+from portable_softmax.planner import DeviceProfile, one_wave, plan
+
+jax = pytest.importorskip("jax", reason="jax is not installed")
+jnp = jax.numpy
+
+REPO = Path(__file__).resolve().parents[1]
+OPS = ("softmax", "log_softmax")
+
+
+# ---- CPU: jax.numpy, no callback --------------------------------------------------------------
+def _cpu_text(f, *args) -> str:
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cpu_lowering_is_jax_numpy_without_a_callback(op):
+    text = _cpu_text(getattr(ps, op), jax.ShapeDtypeStruct((8, 33), jnp.float32))
+    assert "callback" not in text and "custom_call" not in text, text
+    assert "stablehlo.exponential" in text and "stablehlo.reduce" in text
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_values_match_the_float64_reference(rng, op, dtype):
+    x = random_input(rng, (6, 4, 33), dtype)
+    for axis in (-1, 1, 0):
+        y = jax.jit(lambda t, a=axis: getattr(ps, op)(t, axis=a))(jnp.asarray(x))
+        assert y.dtype == jnp.dtype(dtype)
+        assert_matches(np.asarray(y), x, axis=axis, op=op)
+
+
+def test_cpu_semantics_of_special_rows():
+    rows = jnp.array([[-jnp.inf, -jnp.inf], [jnp.nan, 0.0], [jnp.inf, 0.0], [0.0, 1.0]])
+    y = jax.jit(ps.softmax)(rows)
+    assert np.isnan(y[:3]).all() and np.allclose(y[3], jax.nn.softmax(rows[3]))
+    assert jax.jit(lambda t: ps.softmax(t, safe=True))(rows)[0].tolist() == [0.0, 0.0]
+    assert jax.jit(lambda t: ps.log_softmax(t, safe=True))(rows)[0].tolist() == [-np.inf, -np.inf]
+    assert np.isnan(jax.jit(ps.log_softmax)(rows)[0]).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cpu_grads_vmap_and_jvp_match_jax_nn(op):
+    ours, theirs = getattr(ps, op), getattr(jax.nn, op)
+    x = 3 * jax.random.normal(jax.random.key(5), (5, 3, 12))
+    w = jax.random.normal(jax.random.key(6), (5, 3, 12))
+    for axis in (-1, 1):
+        g = jax.jit(jax.grad(lambda t, a=axis: (ours(t, axis=a) * w).sum()))(x)
+        ref = jax.grad(lambda t, a=axis: (theirs(t, axis=a) * w).sum())(x)
+        np.testing.assert_allclose(g, ref, atol=1e-5, rtol=1e-5)
+    v = jax.jit(jax.vmap(lambda t: ours(t, axis=0), in_axes=2, out_axes=2))(x)
+    np.testing.assert_allclose(v, theirs(x, axis=0), atol=1e-6, rtol=1e-5)
+    _, tangent = jax.jvp(ours, (x,), (w,))
+    _, ref_tangent = jax.jvp(theirs, (x,), (w,))
+    np.testing.assert_allclose(tangent, ref_tangent, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_dtype_and_axis_fail_at_trace_time_with_the_eager_errors():
+    with pytest.raises(TypeError) as eager:
+        ps.softmax(np.ones(3, np.int32))
+    with pytest.raises(TypeError) as traced:
+        jax.jit(ps.softmax).trace(jax.ShapeDtypeStruct((3,), jnp.int32))
+    assert str(traced.value) == str(eager.value)
+    with pytest.raises(IndexError, match="axis 2 is out of bounds for array of dimension 2"):
+        jax.jit(lambda t: ps.softmax(t, axis=2)).trace(jax.ShapeDtypeStruct((3, 4), jnp.float32))
+
+
+def test_concrete_cpu_arrays_keep_the_direct_path():
+    x = jnp.arange(6.0).reshape(2, 3)
+    assert not _jax.is_tracer(x)
+    assert isinstance(ps.softmax(x), jax.Array)
+
+
+# ---- CUDA / ROCm lowering, planned on a stand-in runtime ----------------------------------------
+class StandInRuntime:
+    """What the lowering asks of a runtime adapter: profiles, function handles, resident grids."""
+
+    def __init__(self, profile: DeviceProfile, devices: int = 2):
+        self.device_count = devices
+        self._profile = profile
+        self.handles: dict[tuple[int, str], int] = {}
+
+    def profile(self, device: int) -> DeviceProfile:
+        return self._profile
+
+    def function(self, device: int, dtype: str, name: str, shared_mem: int = 0) -> int:
+        return self.handles.setdefault((device, name), 0x1000 * (len(self.handles) + 1) + device)
+
+    def resident_grid(self, fn: int, step, device: int) -> int:
+        return one_wave(step, 2, self._profile.multiprocessors)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Lowering for cuda / rocm with a stand-in runtime (an H100's profile, two devices) and the
+    targets taken as registered."""
+    rt = StandInRuntime(DeviceProfile.h100())
+    monkeypatch.setattr(_probe, "runtime", lambda vendor: rt)
+    monkeypatch.setattr(_jax_ffi, "register", lambda vendor: None)
+    monkeypatch.setattr(_jax_ffi, "_calls", {})
+    return rt
+
+
+def _lowered(f, shape, dtype, platforms) -> str:
+    return jax.jit(f).trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=platforms).as_text()
+
+
+def _attribute(text: str, name: str) -> list[int]:
+    """An integer attribute of the custom call: a scalar, a dense tensor (a splat written once) or an array."""
+    pattern = r"(dense<(\[?)([-\d, ]*)\]?> : tensor<(\d+)xi64>|array<i64(?:: ([-\d, ]*))?>|(-?\d+) : i64)"
+    found = re.search(rf"\b{name} = {pattern}", text)
+    assert found, f"no {name} attribute in {text}"
+    if found.group(6) is not None:
+        return [int(found.group(6))]
+    if found.group(5) is not None or found.group(1).startswith("array"):
+        return [int(v) for v in (found.group(5) or "").split(",") if v.strip()]
+    values = [int(v) for v in found.group(3).split(",") if v.strip()]
+    return values if found.group(2) else values * int(found.group(4))
+
+
+def _expected_plan(shape, dtype, axis, op, safe=False):
+    strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    layout = describe(shape, strides, axis % len(shape))
+    return plan(problem_for(dtype, op, safe, layout, layout, 0, 0), DeviceProfile.h100())
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+@pytest.mark.parametrize("shape, axis, dtype", [((64, 1000), -1, "float32"), ((8, 300, 24), 1, "bfloat16"),
+                                                ((2, 1 << 22), -1, "float16")])
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_and_rocm_lowering_holds_the_custom_call_with_the_plan(stand_in, platform, shape, axis, dtype, op):
+    text = _lowered(lambda t: getattr(ps, op)(t, axis=axis), shape, jnp.dtype(dtype), (platform,))
+    assert f"stablehlo.custom_call @{_jax_ffi.TARGET}(" in text, text
+    assert "callback" not in text
+    expected = _expected_plan(shape, dtype, axis, op)
+    nbytes = expected.scratch_layout()[0] if expected.scratch else 0
+    assert f"tensor<{max(1, nbytes)}xui8>" in text, "the workspace result holds the plan's scratch"
+    assert _attribute(text, "blocks") == [s.block for s in expected.launches]
+    assert _attribute(text, "shared") == [s.shared_mem for s in expected.launches]
+    assert _attribute(text, "devices") == [0, 1]
+    assert len(_attribute(text, "functions")) == 2 * len(expected.launches)
+    assert _attribute(text, "grids") == [one_wave(s, 2, 132) for s in expected.launches] * 2
+    assert _attribute(text, "zero_bytes") == [nbytes if expected.scratch_zeroed else 0]
+    starts, kinds = _attribute(text, "arg_starts"), _attribute(text, "arg_kinds")
+    assert starts[-1] == len(kinds) == sum(len(s.args) for s in expected.launches)
+    assert _jax_ffi.OPERAND in kinds and _jax_ffi.RESULT in kinds
+    assert f'op = "{op}"' in text
+
+
+def test_a_long_row_takes_scratch_that_the_handler_zeroes(stand_in):
+    shape = (2, 1 << 22)
+    expected = _expected_plan(shape, "float32", -1, "softmax")
+    assert expected.scratch, "a row this long is split across blocks, which exchange partials in scratch"
+    text = _lowered(ps.softmax, shape, jnp.float32, ("cuda",))
+    assert _jax_ffi.SCRATCH in _attribute(text, "arg_kinds")
+
+
+def test_lowering_for_cuda_and_cpu_at_once_holds_both(stand_in):
+    text = _lowered(ps.softmax, (16, 128), jnp.float32, ("cuda", "cpu"))
+    assert f"@{_jax_ffi.TARGET}(" in text and "stablehlo.exponential" in text
+
+
+def test_grad_and_vmap_lower_to_the_custom_call_with_rows_folded(stand_in):
+    loss = jax.grad(lambda t: (ps.log_softmax(t) * jnp.arange(128.0)).sum())
+    assert f"@{_jax_ffi.TARGET}(" in _lowered(loss, (16, 128), jnp.float32, ("cuda",))
+    batched = jax.vmap(ps.softmax)  # (16, 128) per element of a batch of 4: 64 rows of 128
+    text = _lowered(batched, (4, 16, 128), jnp.float32, ("cuda",))
+    assert "tensor<4x16x128xf32>" in text and f"@{_jax_ffi.TARGET}(" in text
+    assert _attribute(text, "blocks") == [s.block for s in _expected_plan((64, 128), "float32", -1, "softmax").launches]
+
+
+def test_calls_are_planned_once_per_shape(stand_in, monkeypatch):
+    planned = []
+    real = _jax_ffi._plan_call
+    monkeypatch.setattr(_jax_ffi, "_plan_call", lambda *a: planned.append(a) or real(*a))
+    for _ in range(2):
+        _lowered(ps.softmax, (16, 128), jnp.float32, ("cuda",))
+    assert len(planned) == 1
+
+
+# ---- registration, status and the fallback -------------------------------------------------------
+def test_without_the_handler_the_status_names_the_build_command(monkeypatch):
+    monkeypatch.setattr(_jax_ffi, "library_path", lambda vendor: None)
+    monkeypatch.setattr(_jax_ffi, "_registered", {})
+    assert _jax_ffi.BUILD_COMMAND in _jax_ffi.status() and _jax_ffi.status().startswith("not built")
+    why = _jax_ffi.register("cuda")
+    assert why is not None and _jax_ffi.BUILD_COMMAND in why
+    assert "not registered for CUDA" in _jax_ffi.status()
+
+
+def test_the_fallback_warning_is_given_once(recwarn):
+    _jax_ffi._warned.discard("a reason")
+    _jax_ffi.warn_once("a reason")
+    _jax_ffi.warn_once("a reason")
+    messages = [str(w.message) for w in recwarn.list if "a reason" in str(w.message)]
+    assert len(messages) == 1 and "host callback" in messages[0]
+
+
+# ---- the handler's build -------------------------------------------------------------------------
+CXX = shutil.which("g++") or shutil.which("c++")
+NVCC = shutil.which("nvcc")
+HIP_HEADER = next((p for p in (Path("/opt/rocm/include"), Path("/usr/include")) if (p / "hip/hip_runtime.h").is_file()),
+                  None)
+
+
+def _cuda_include() -> Path | None:
+    """The folder holding cuda.h: the toolkit's beside nvcc, or $CUDA_HOME's / $CUDA_PATH's."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    if NVCC is not None:
+        roots.append(str(Path(NVCC).resolve().parent.parent))
+    for root in filter(None, roots):
+        for candidate in (Path(root) / "include", Path(root) / "targets/x86_64-linux/include"):
+            if (candidate / "cuda.h").is_file():
+                return candidate
+    return None
+
+
+def _compile(source: Path, include: Path, out: Path, *defines: str) -> subprocess.CompletedProcess:
+    system = [] if include == Path("/usr/include") else ["-isystem", str(include)]  # the compiler's own: as it is
+    cmd = [CXX, "-std=c++17", "-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden", "-x", "c++", *defines,
+           "-isystem", jax.ffi.include_dir(), *system, str(source), "-o", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _exported(library: Path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is needed to list the library's symbols")
+    listing = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in listing.stdout.splitlines() if line.strip()}
+
+
+EXPORTS = {"PortableSoftmaxLaunch", "PortableSoftmaxLaunchUncaptured", "PortableSoftmaxFfiInit"}
+
+
+@pytest.mark.build
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++) to build the handler with")
+@pytest.mark.skipif(_cuda_include() is None, reason="no cuda.h (the CUDA toolkit) beside nvcc")
+def test_the_cuda_handler_builds_against_the_local_jaxlib_headers_and_registers(tmp_path, monkeypatch):
+    library = tmp_path / "jax_ffi_cuda.so"
+    proc = _compile(REPO / "src_cuda" / "jax_ffi.cu", _cuda_include(), library)
+    assert proc.returncode == 0, proc.stderr
+    assert EXPORTS <= _exported(library)
+    header = (Path(jax.ffi.include_dir()) / "xla/ffi/api/c_api.h").read_text()
+    major = int(re.search(r"#define XLA_FFI_API_MAJOR (\d+)", header).group(1))
+    minor = int(re.search(r"#define XLA_FFI_API_MINOR (\d+)", header).group(1))
+    # registration on this jaxlib, with stand-in entry points (nothing is launched without a GPU)
+    monkeypatch.setenv(_jax_ffi.LIBRARY_ENV, str(library))
+    monkeypatch.setattr(_jax_ffi, "_registered", {})
+    stand_in = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+    address = ctypes.cast(stand_in, ctypes.c_void_p).value
+    monkeypatch.setattr(_jax_ffi, "_entry_points", lambda vendor: [address, None, address, None])
+    assert _jax_ffi.register("cuda") is None
+    assert _jax_ffi.status().startswith(f"registered for CUDA ({library}, XLA FFI API {major}.{minor})")
+
+
+@pytest.mark.build
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++) to build the handler with")
+@pytest.mark.skipif(HIP_HEADER is None, reason="no hip/hip_runtime.h (ROCm, or apt-get install hipcc)")
+def test_the_hipified_handler_builds_for_rocm(tmp_path):
+    library = tmp_path / "jax_ffi_hip.so"
+    proc = _compile(REPO / "src_hip" / "jax_ffi.hip", HIP_HEADER, library, "-D__HIP_PLATFORM_AMD__")
+    assert proc.returncode == 0, proc.stderr
+    assert EXPORTS <= _exported(library)
+
+
+CMAKE = shutil.which("cmake")
+
+
+@pytest.mark.build
+@pytest.mark.skipif(CMAKE is None, reason="cmake is not installed (pip install cmake)")
+def test_cmake_builds_the_handler_when_jax_is_importable(tmp_path):
+    import sys
+
+    cmd = [CMAKE, "-S", str(REPO), "-B", str(tmp_path), "-DPORTABLE_SOFTMAX_FASTLAUNCH=off",
+           "-DPORTABLE_SOFTMAX_BACKEND=none", f"-DPython_EXECUTABLE={sys.executable}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if _cuda_include() is None and HIP_HEADER is None:
+        assert "the JAX FFI handler is not built (neither cuda.h" in proc.stdout
+    else:
+        assert "the JAX FFI handler is built for" in proc.stdout, proc.stdout
+    off = subprocess.run([*cmd, "-DPORTABLE_SOFTMAX_JAX_FFI=sometimes"], capture_output=True, text=True)
+    assert off.returncode != 0 and "PORTABLE_SOFTMAX_JAX_FFI=sometimes: use auto, on or off" in off.stderr
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------------
+def _gpu_device():
+    for platform in ("cuda", "rocm"):
+        try:
+            return jax.devices(platform)[0]
+        except RuntimeError:
+            continue
+    return None
+
+
+GPU = _gpu_device()
+needs_gpu = pytest.mark.skipif(GPU is None, reason="JAX sees no CUDA or ROCm device")
+
+
+@pytest.fixture
+def registered():
+    why = _jax_ffi.register(_jax_ffi.VENDORS[GPU.platform])
+    if why is not None:
+        pytest.fail(f"the FFI targets are not registered on this GPU machine: {why}")
+
+
+def _on_gpu(x):
+    return jax.device_put(jnp.asarray(x), GPU)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape, axis", [((4, 33), -1), ((1000, 1000), -1), ((3, 1 << 20), -1), ((64, 8, 50), 1),
+                                         ((3000, 64), 0), ((2, 5, 7), None)])
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_values_match_the_float64_reference(rng, op, dtype, shape, axis):
+    x = random_input(rng, shape, dtype)
+    y = jax.jit(lambda t: getattr(ps, op)(t, axis=axis))(_on_gpu(x))
+    assert y.dtype == jnp.dtype(dtype) and next(iter(y.devices())) == GPU
+    assert_matches(np.asarray(y), x, axis=axis, op=op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_special_rows(op):
+    rows = _on_gpu(jnp.array([[-jnp.inf, -jnp.inf, -jnp.inf], [jnp.nan, 0.0, 1.0], [0.0, 1.0, 2.0]]))
+    y = np.asarray(jax.jit(getattr(ps, op))(rows))
+    assert np.isnan(y[:2]).all()
+    np.testing.assert_allclose(y[2], getattr(jax.nn, op)(np.array([0.0, 1.0, 2.0])), rtol=1e-6)
+    safe = np.asarray(jax.jit(lambda t: getattr(ps, op)(t, safe=True))(rows))
+    assert safe[0].tolist() == ([0.0] * 3 if op == "softmax" else [-np.inf] * 3)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_grads_vmap_and_jvp_match_jax_nn(op):
+    ours, theirs = getattr(ps, op), getattr(jax.nn, op)
+    x = _on_gpu(3 * jax.random.normal(jax.random.key(7), (6, 40, 257)))
+    w = _on_gpu(jax.random.normal(jax.random.key(8), (6, 40, 257)))
+    for axis in (-1, 1):
+        g = jax.jit(jax.grad(lambda t, a=axis: (ours(t, axis=a) * w).sum()))(x)
+        ref = jax.jit(jax.grad(lambda t, a=axis: (theirs(t, axis=a) * w).sum()))(x)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-5, rtol=1e-4)
+    v = jax.jit(jax.vmap(lambda t: ours(t, axis=0), in_axes=1, out_axes=1))(x)
+    np.testing.assert_allclose(np.asarray(v), np.asarray(theirs(x, axis=0)), atol=1e-6, rtol=1e-5)
+    _, tangent = jax.jit(lambda a, b: jax.jvp(ours, (a,), (b,)))(x, w)
+    _, ref_tangent = jax.jvp(theirs, (x,), (w,))
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(ref_tangent), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_two_layer_model_trains_like_jax_nn():
+    k1, k2, k3 = jax.random.split(jax.random.key(9), 3)
+    params = {"w1": _on_gpu(0.1 * jax.random.normal(k1, (64, 128))),
+              "w2": _on_gpu(0.1 * jax.random.normal(k2, (128, 10)))}
+    x = _on_gpu(jax.random.normal(k3, (256, 64)))
+    labels = jnp.arange(256) % 10
+
+    def loss(p, log_softmax, softmax):
+        hidden = softmax(x @ p["w1"])  # a softmax activation, then a log_softmax cross-entropy
+        logits = hidden @ p["w2"]
+        return -jnp.take_along_axis(log_softmax(logits), labels[:, None], axis=1).mean()
+
+    ours = jax.jit(jax.value_and_grad(lambda p: loss(p, ps.log_softmax, ps.softmax)))
+    theirs = jax.jit(jax.value_and_grad(lambda p: loss(p, jax.nn.log_softmax, jax.nn.softmax)))
+    (value, grads), (ref_value, ref_grads) = ours(params), theirs(params)
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(grads[name]), np.asarray(ref_grads[name]), atol=1e-6, rtol=1e-4)
+    assert "portable_softmax_launch" in ours.lower(params).compile().as_text()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_eager_arrays_take_the_compiled_call(rng):
+    x = random_input(rng, (128, 300), "float32")
+    on_gpu = _on_gpu(x)
+    assert _jax.is_tracer(on_gpu), "a concrete GPU array goes through the compiled call"
+    _jax._eager.clear()
+    for _ in range(2):
+        y = ps.log_softmax(on_gpu)
+    assert isinstance(y, jax.Array) and next(iter(y.devices())) == GPU
+    assert list(_jax._eager) == [(-1, "log_softmax", False)]
+    assert_matches(np.asarray(y), x, op="log_softmax")
+    with pytest.raises(ValueError, match="out= cannot take the softmax of a JAX array on a GPU"):
+        ps.softmax(on_gpu, out=np.empty_like(x))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_compiled_hlo_holds_the_custom_call_and_no_callback():
+    x = _on_gpu(jnp.ones((512, 4096), jnp.float32))
+    for f in (ps.softmax, ps.log_softmax, jax.grad(lambda t: ps.log_softmax(t).sum())):
+        text = jax.jit(f).lower(x).compile().as_text()
+        assert "portable_softmax_launch" in text, text[:2000]
+        assert "callback" not in text.lower()
+    assert _jax_ffi.status().startswith(f"registered for {_jax_ffi.FFI_PLATFORMS[_jax_ffi.VENDORS[GPU.platform]]}")
