@@ -1,0 +1,364 @@
+"""portable_softmax.distributed on gloo: groups of 2 and 3 processes spawned by the test itself.
+
+Each world size starts its processes once (``python tests/test_distributed.py RANK WORLD STORE OUT
+SEED``); every rank runs every case of ``CASES`` and writes each case's outcome to OUT. A case
+builds the whole tensor from the seed (the same on every rank), passes its rank's slice, and
+checks the slice of the result and of the gradient against the float64 reference of the whole
+tensor. The processes run under a timeout (and gloo's own), so a collective that never completes
+fails the tests instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="distributed.softmax runs on torch tensors")
+dist = pytest.importorskip("torch.distributed", reason="torch without torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch built without gloo", allow_module_level=True)
+
+from portable_softmax import _tolerance, distributed, reference  # noqa: E402
+
+WORLD_TIMEOUT_S = 120  # a whole group's run; gloo's own timeout (below) ends a stuck collective sooner
+COLLECTIVE_TIMEOUT_S = 30
+OPS = ("softmax", "log_softmax")
+NEG_INF = float("-inf")
+
+
+# ---- helpers run inside the ranks ---------------------------------------------------------------
+def _widths(gen: torch.Generator, total: int, world: int, zero: bool) -> list[int]:
+    """Uneven widths of the ranks' slices summing to ``total``; with ``zero``, rank 1's is empty."""
+    cuts = sorted(torch.randint(0, total + 1, (world - 1,), generator=gen).tolist())
+    widths = [b - a for a, b in zip([0, *cuts], [*cuts, total])]
+    if zero:
+        widths[0] += widths[1]
+        widths[1] = 0
+    return widths
+
+
+def _slice(full: torch.Tensor, axis: int, widths: list[int], rank: int) -> torch.Tensor:
+    start = sum(widths[:rank])
+    return full.narrow(axis, start, widths[rank]).clone()
+
+
+def _reference(full64: torch.Tensor, axis: int, op: str, safe: bool) -> np.ndarray:
+    fn = reference.softmax if op == "softmax" else reference.log_softmax
+    return fn(full64.numpy(), axis, safe=safe)
+
+
+def _reference_grad(full64: torch.Tensor, dy64: torch.Tensor, axis: int, op: str, safe: bool) -> torch.Tensor:
+    """torch's float64 gradient of the whole tensor; zero on rows of all -inf under safe."""
+    x = full64.clone().requires_grad_(True)
+    y = torch.softmax(x, axis) if op == "softmax" else torch.log_softmax(x, axis)
+    (dx,) = torch.autograd.grad(y, x, dy64)
+    if safe:
+        dx = dx.masked_fill((full64 == NEG_INF).all(dim=axis, keepdim=True), 0.0)
+    return dx
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A torch tensor as numpy in its own dtype (bfloat16 through ml_dtypes)."""
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.detach().numpy()
+
+
+def expect(ctx, ok: bool, message: str) -> None:
+    """Record a failed check and go on: every rank must still make the case's later collectives (a
+    rank that stopped early would pair its next collective with another rank's different one)."""
+    if not ok:
+        ctx["failures"].append(message)
+
+
+def _check_values(ctx, got: torch.Tensor, ref: np.ndarray, what: str) -> None:
+    bad = _tolerance.outside(_as_numpy(got.detach()), ref)
+    expect(ctx, not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements outside "
+                               f"{_tolerance.describe(str(got.dtype).removeprefix('torch.'))}; "
+                               f"first got {_as_numpy(got.detach())[bad][:3]}, want {ref[bad][:3]}")
+
+
+def _check_grad(ctx, got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """float64: 1e-12 + 1e-9 relative; float32: 1e-6 + 1e-5 relative; 16-bit: a few units of the
+    dtype's rounding of the largest gradient (a wrong formula is off by the gradient's size)."""
+    g, r = got.double(), ref
+    if got.dtype == torch.float64:
+        bound = 1e-12 + 1e-9 * r.abs()
+    elif got.dtype == torch.float32:
+        bound = 1e-6 + 1e-5 * r.abs()
+    else:
+        eps = 2.0 ** -8 if got.dtype == torch.bfloat16 else 2.0 ** -11
+        bound = torch.full_like(r, 1e-6 + 8 * eps * float(r.abs().max()) if r.numel() else 0.0)
+    bad = ~((g - r).abs() <= bound)
+    expect(ctx, not bad.any(), f"{what}: gradient off at {int(bad.sum())} of {bad.numel()} elements; "
+                               f"first got {g[bad][:3].tolist()}, want {r[bad][:3].tolist()}")
+
+
+def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zero: bool = False,
+         grads: bool = True, widths: list[int] | None = None, group=None, world: int | None = None,
+         rank: int | None = None) -> None:
+    """Slice ``full`` over the ranks, run the distributed op and check its slice (and gradient)."""
+    world = ctx["world"] if world is None else world
+    rank = ctx["rank"] if rank is None else rank
+    widths = widths or _widths(ctx["gen"], full.shape[axis], world, zero)
+    local = _slice(full, axis, widths, rank).requires_grad_(grads)
+    fn = distributed.softmax if op == "softmax" else distributed.log_softmax
+    y = fn(local, axis - full.dim() if axis % 2 else axis, group=group, safe=safe)  # negative and positive axes
+    what = f"{op} axis={axis} {full.dtype} shape={tuple(full.shape)} widths={widths} safe={safe}"
+    expect(ctx, y.shape == local.shape and y.dtype == local.dtype, f"{what}: got {y.shape} {y.dtype}")
+    full64 = full.double()
+    ref = _reference(full64, axis, op, safe)
+    _check_values(ctx, y, _slice(torch.from_numpy(ref), axis, widths, rank).numpy(), what)
+    if grads:
+        dy_full = torch.randn(full.shape, generator=ctx["gen"], dtype=torch.float64)
+        dy = _slice(dy_full, axis, widths, rank).to(full.dtype)
+        y.backward(dy)
+        ref_dx = _reference_grad(full64, dy_full.to(full.dtype).double(), axis, op, safe)
+        _check_grad(ctx, local.grad, _slice(ref_dx, axis, widths, rank), what)
+
+
+def _randn(ctx, *shape, dtype=torch.float64) -> torch.Tensor:
+    return (3 * torch.randn(shape, generator=ctx["gen"], dtype=torch.float64)).to(dtype)
+
+
+# ---- the cases: each runs on every rank; a recorded failure (or any error) fails it -----------------
+def case_values_and_grads(ctx):
+    for op in OPS:
+        for dtype in (torch.float64, torch.float32):
+            _run(ctx, _randn(ctx, 5, 37, dtype=dtype), 1, op)
+
+
+def case_every_axis(ctx):
+    full = _randn(ctx, 4, 9, 6, dtype=torch.float32)
+    for axis in range(full.dim()):
+        for op in OPS:
+            _run(ctx, full, axis, op)
+
+
+def case_zero_width_shard(ctx):
+    for axis in (0, 1):
+        for op in OPS:
+            _run(ctx, _randn(ctx, 6, 11), axis, op, zero=True)
+
+
+def case_all_on_one_rank(ctx):
+    full = _randn(ctx, 3, 8)
+    widths = [0] * ctx["world"]
+    widths[-1] = 8
+    for op in OPS:
+        _run(ctx, full, 1, op, widths=widths)
+
+
+def case_half_precision(ctx):
+    for dtype in (torch.float16, torch.bfloat16):
+        for op in OPS:
+            _run(ctx, _randn(ctx, 6, 300, dtype=dtype), 1, op)
+            _run(ctx, _randn(ctx, 40, 5, dtype=dtype), 0, op)
+
+
+def case_nan_on_one_rank(ctx):
+    full = _randn(ctx, 4, 12)
+    widths = [3] * (ctx["world"] - 1) + [12 - 3 * (ctx["world"] - 1)]
+    full[1, 0] = float("nan")  # in rank 0's slice: row 1 must be NaN on every rank
+    full[2, -1] = float("inf")  # in the last rank's slice: +inf gives NaN, as torch.softmax
+    for op in OPS:
+        _run(ctx, full, 1, op, widths=widths, grads=False)
+        local = _slice(full, 1, widths, ctx["rank"])
+        y = (distributed.softmax if op == "softmax" else distributed.log_softmax)(local, 1)
+        expect(ctx, bool(y[1].isnan().all() and y[2].isnan().all()), f"{op}: the NaN / +inf rows are not all NaN")
+        expect(ctx, not y[[0, 3]].isnan().any(), f"{op}: NaN leaked into other rows")
+
+
+def case_neg_inf_slices(ctx):
+    full = _randn(ctx, 5, 10)
+    widths = [2] * (ctx["world"] - 1) + [10 - 2 * (ctx["world"] - 1)]
+    full[0, :2] = NEG_INF  # rank 0's slice of row 0: all -inf, other ranks finite
+    full[1, :] = NEG_INF  # all -inf everywhere
+    full[2, 3] = NEG_INF  # a single -inf
+    for op in OPS:
+        for safe in (False, True):
+            grads = safe  # without safe the all -inf row is NaN, and so is its gradient
+            _run(ctx, full, 1, op, widths=widths, safe=safe, grads=grads)
+
+
+def case_empty_rows(ctx):
+    for op in OPS:
+        _run(ctx, _randn(ctx, 0, 7), 1, op)
+        _run(ctx, _randn(ctx, 3, 0, 7), 2, op)
+
+
+def case_subgroup(ctx):
+    """A group of the first and last ranks; the others take no part."""
+    members = [0, ctx["world"] - 1]
+    group = dist.new_group(members)  # every rank of the world makes the group
+    full = _randn(ctx, 4, 13)
+    if ctx["rank"] in members:
+        for op in OPS:
+            _run(ctx, full, 1, op, group=group, world=2, rank=members.index(ctx["rank"]))
+    dist.destroy_process_group(group)
+
+
+def case_mismatched_shapes(ctx):
+    """Slices with the same row count but other shapes, ops or safe: every rank gets the same error."""
+    rank = ctx["rank"]
+    shape = (4, 5, 6) if rank == 0 else (6, 5, 4)
+    try:
+        distributed.softmax(torch.zeros(shape), axis=1)
+        expect(ctx, False, "mismatched shapes were not reported")
+    except ValueError as e:
+        expect(ctx, "rank 0: (4, [5], 6) float32 softmax" in str(e) and "rank 1: (6, [5], 4)" in str(e), str(e))
+    fn = distributed.softmax if rank == 0 else distributed.log_softmax
+    try:
+        fn(torch.zeros(3, 4), axis=1)
+        expect(ctx, False, "mismatched ops were not reported")
+    except ValueError as e:
+        expect(ctx, "log_softmax" in str(e), str(e))
+    _run(ctx, _randn(ctx, 2, 9), 1, "softmax")  # the group still works
+
+
+def case_dtensor(ctx):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (ctx["world"],))
+    full = _randn(ctx, 5, 14)
+    dy = _randn(ctx, 5, 14)
+    for op in OPS:
+        fn = distributed.softmax if op == "softmax" else distributed.log_softmax
+        for placement in (Shard(1), Shard(0), Replicate()):
+            dt = distribute_tensor(full, mesh, [placement]).requires_grad_(True)
+            y = fn(dt, axis=1)
+            expect(ctx, tuple(y.placements) == (placement,), f"{op} {placement}: result placed {y.placements}")
+            got = y.full_tensor()
+            want = _reference(full, 1, op, False)
+            expect(ctx, np.allclose(got.detach().numpy(), want, atol=1e-12, rtol=1e-10), f"{op} {placement}")
+            y.backward(distribute_tensor(dy, mesh, [placement]))
+            ref_dx = _reference_grad(full, dy, 1, op, False)
+            expect(ctx, torch.allclose(dt.grad.full_tensor(), ref_dx, atol=1e-12, rtol=1e-9), f"{op} {placement} grad")
+
+
+CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def _worker(rank: int, world: int, store: str, out: str, seed: int) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    results = {}
+    for name, fn in CASES.items():
+        ctx = {"rank": rank, "world": world, "gen": torch.Generator().manual_seed(seed + zlib_crc(name)),
+               "failures": []}
+        try:
+            fn(ctx)
+            results[name] = "\n".join(ctx["failures"]) or "ok"
+        except Exception:  # the case's failure, reported to the test in the parent
+            results[name] = "\n".join([*ctx["failures"], traceback.format_exc()])
+        try:
+            dist.barrier()  # an error on some ranks only leaves the group out of step: then stop
+        except Exception:
+            skipped = f"not run: the group broke after case {name!r}"
+            results.update((later, skipped) for later in CASES if later not in results)
+            break
+    with open(out, "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def zlib_crc(name: str) -> int:
+    import zlib
+
+    return zlib.crc32(name.encode())
+
+
+# ---- the tests in the parent ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def group_results(tmp_path_factory):
+    """world size -> one dict of case -> outcome per rank (spawned once per world size)."""
+    cache: dict[int, list[dict]] = {}
+
+    def run(world: int) -> list[dict]:
+        if world not in cache:
+            cache[world] = spawn(world)
+        if isinstance(cache[world], str):  # the group itself failed: every case reports it
+            pytest.fail(cache[world])
+        return cache[world]
+
+    def spawn(world: int) -> list[dict] | str:
+        seed = int(os.environ.get("PORTABLE_SOFTMAX_TEST_SEED") or secrets.randbits(31))
+        tmp = tmp_path_factory.mktemp(f"world{world}")
+        store, outs = tmp / "store", [tmp / f"rank{r}.json" for r in range(world)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(os.path.dirname(os.path.abspath(distributed.__file__))),
+             os.environ.get("PYTHONPATH", "")]))
+        procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(store), str(outs[r]), str(seed)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(world)]
+        logs = []
+        try:
+            for p in procs:
+                logs.append(p.communicate(timeout=WORLD_TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            return f"the group of {world} ranks did not finish within {WORLD_TIMEOUT_S} s (seed={seed})"
+        for r, (p, log) in enumerate(zip(procs, logs)):
+            if p.returncode != 0 or not outs[r].exists():
+                return f"rank {r} of {world} exited with {p.returncode} (seed={seed}):\n{log[-4000:]}"
+        return [dict(json.loads(o.read_text()), seed=seed) for o in outs]
+
+    return run
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks(group_results, world, case):
+    results = group_results(world)
+    failures = [f"rank {r}: {res[case]}" for r, res in enumerate(results) if res[case] != "ok"]
+    assert not failures, f"seed={results[0]['seed']}\n" + "\n".join(failures)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from portable_softmax import _sharded
+
+    for module in (distributed, _sharded):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (np.zeros((2, 3)), TypeError, "takes a torch tensor"),
+    (torch.zeros((2, 3), dtype=torch.int32), TypeError, "supports float16, bfloat16, float32, float64; got int32"),
+    (torch.zeros(()), ValueError, "0-d"),
+])
+def test_bad_input(bad, error, words):
+    with pytest.raises(error, match=words):
+        distributed.softmax(bad)
+
+
+def test_bad_axis_and_flags():
+    with pytest.raises(IndexError, match="axis 2 is out of bounds"):
+        distributed.softmax(torch.zeros(2, 3), 2)
+    with pytest.raises(TypeError, match="safe and check must be True or False"):
+        distributed.log_softmax(torch.zeros(2, 3), safe=1)
+
+
+def test_needs_an_initialised_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        distributed.softmax(torch.zeros(2, 3))
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
