@@ -1,7 +1,8 @@
-"""portable_softmax.distributed on gloo: groups of 2 and 3 processes spawned by the test itself.
+"""portable_softmax.distributed: groups of 2 and 3 processes on gloo (CPU), and of 2 on NCCL where
+2 GPUs are present (marked gpu), spawned by the test itself.
 
-Each world size starts its processes once (``python tests/test_distributed.py RANK WORLD STORE OUT
-SEED``); every rank runs every case of ``CASES`` and writes each case's outcome to OUT. A case
+Each group starts its processes once (``python tests/test_distributed.py RANK WORLD STORE OUT SEED
+BACKEND``); every rank runs every case of ``CASES`` and writes each case's outcome to OUT. A case
 builds the whole tensor from the seed (the same on every rank), passes its rank's slice, and
 checks the slice of the result and of the gradient against the float64 reference of the whole
 tensor. The processes run under a timeout (and gloo's own), so a collective that never completes
@@ -111,9 +112,11 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
     world = ctx["world"] if world is None else world
     rank = ctx["rank"] if rank is None else rank
     widths = widths or _widths(ctx["gen"], full.shape[axis], world, zero)
-    local = _slice(full, axis, widths, rank).requires_grad_(grads)
+    local = _slice(full, axis, widths, rank).to(ctx["device"]).requires_grad_(grads)
     fn = distributed.softmax if op == "softmax" else distributed.log_softmax
     y = fn(local, axis - full.dim() if axis % 2 else axis, group=group, safe=safe)  # negative and positive axes
+    expect(ctx, y.device == local.device, f"the result is on {y.device}, the input on {local.device}")
+    y = y.cpu()
     what = f"{op} axis={axis} {full.dtype} shape={tuple(full.shape)} widths={widths} safe={safe}"
     expect(ctx, y.shape == local.shape and y.dtype == local.dtype, f"{what}: got {y.shape} {y.dtype}")
     full64 = full.double()
@@ -124,7 +127,7 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
         dy = _slice(dy_full, axis, widths, rank).to(full.dtype)
         y.backward(dy)
         ref_dx = _reference_grad(full64, dy_full.to(full.dtype).double(), axis, op, safe)
-        _check_grad(ctx, local.grad, _slice(ref_dx, axis, widths, rank), what)
+        _check_grad(ctx, local.grad.cpu(), _slice(ref_dx, axis, widths, rank), what)
 
 
 def _randn(ctx, *shape, dtype=torch.float64) -> torch.Tensor:
@@ -173,8 +176,8 @@ def case_nan_on_one_rank(ctx):
     full[2, -1] = float("inf")  # in the last rank's slice: +inf gives NaN, as torch.softmax
     for op in OPS:
         _run(ctx, full, 1, op, widths=widths, grads=False)
-        local = _slice(full, 1, widths, ctx["rank"])
-        y = (distributed.softmax if op == "softmax" else distributed.log_softmax)(local, 1)
+        local = _slice(full, 1, widths, ctx["rank"]).to(ctx["device"])
+        y = (distributed.softmax if op == "softmax" else distributed.log_softmax)(local, 1).cpu()
         expect(ctx, bool(y[1].isnan().all() and y[2].isnan().all()), f"{op}: the NaN / +inf rows are not all NaN")
         expect(ctx, not y[[0, 3]].isnan().any(), f"{op}: NaN leaked into other rows")
 
@@ -213,13 +216,13 @@ def case_mismatched_shapes(ctx):
     rank = ctx["rank"]
     shape = (4, 5, 6) if rank == 0 else (6, 5, 4)
     try:
-        distributed.softmax(torch.zeros(shape), axis=1)
+        distributed.softmax(torch.zeros(shape, device=ctx["device"]), axis=1)
         expect(ctx, False, "mismatched shapes were not reported")
     except ValueError as e:
         expect(ctx, "rank 0: (4, [5], 6) float32 softmax" in str(e) and "rank 1: (6, [5], 4)" in str(e), str(e))
     fn = distributed.softmax if rank == 0 else distributed.log_softmax
     try:
-        fn(torch.zeros(3, 4), axis=1)
+        fn(torch.zeros(3, 4, device=ctx["device"]), axis=1)
         expect(ctx, False, "mismatched ops were not reported")
     except ValueError as e:
         expect(ctx, "log_softmax" in str(e), str(e))
@@ -230,33 +233,39 @@ def case_dtensor(ctx):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    mesh = init_device_mesh("cpu", (ctx["world"],))
+    mesh = init_device_mesh(ctx["device"].type, (ctx["world"],))
     full = _randn(ctx, 5, 14)
     dy = _randn(ctx, 5, 14)
     for op in OPS:
         fn = distributed.softmax if op == "softmax" else distributed.log_softmax
         for placement in (Shard(1), Shard(0), Replicate()):
-            dt = distribute_tensor(full, mesh, [placement]).requires_grad_(True)
+            dt = distribute_tensor(full.to(ctx["device"]), mesh, [placement]).requires_grad_(True)
             y = fn(dt, axis=1)
             expect(ctx, tuple(y.placements) == (placement,), f"{op} {placement}: result placed {y.placements}")
-            got = y.full_tensor()
+            got = y.full_tensor().cpu()
             want = _reference(full, 1, op, False)
             expect(ctx, np.allclose(got.detach().numpy(), want, atol=1e-12, rtol=1e-10), f"{op} {placement}")
-            y.backward(distribute_tensor(dy, mesh, [placement]))
+            y.backward(distribute_tensor(dy.to(ctx["device"]), mesh, [placement]))
             ref_dx = _reference_grad(full, dy, 1, op, False)
-            expect(ctx, torch.allclose(dt.grad.full_tensor(), ref_dx, atol=1e-12, rtol=1e-9), f"{op} {placement} grad")
+            got_dx = dt.grad.full_tensor().cpu()
+            expect(ctx, torch.allclose(got_dx, ref_dx, atol=1e-12, rtol=1e-9), f"{op} {placement} grad")
 
 
 CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")}
 
 
-def _worker(rank: int, world: int, store: str, out: str, seed: int) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str) -> None:
+    device = torch.device("cpu")
+    if backend == "nccl":  # a GPU a rank
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            **({"device_id": device} if backend == "nccl" else {}))
     results = {}
     for name, fn in CASES.items():
         ctx = {"rank": rank, "world": world, "gen": torch.Generator().manual_seed(seed + zlib_crc(name)),
-               "failures": []}
+               "failures": [], "device": device}
         try:
             fn(ctx)
             results[name] = "\n".join(ctx["failures"]) or "ok"
@@ -282,24 +291,25 @@ def zlib_crc(name: str) -> int:
 # ---- the tests in the parent ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def group_results(tmp_path_factory):
-    """world size -> one dict of case -> outcome per rank (spawned once per world size)."""
-    cache: dict[int, list[dict]] = {}
+    """(world size, backend) -> one dict of case -> outcome per rank (spawned once per pair)."""
+    cache: dict[tuple[int, str], list[dict] | str] = {}
 
-    def run(world: int) -> list[dict]:
-        if world not in cache:
-            cache[world] = spawn(world)
-        if isinstance(cache[world], str):  # the group itself failed: every case reports it
-            pytest.fail(cache[world])
-        return cache[world]
+    def run(world: int, backend: str) -> list[dict]:
+        if (world, backend) not in cache:
+            cache[world, backend] = spawn(world, backend)
+        if isinstance(cache[world, backend], str):  # the group itself failed: every case reports it
+            pytest.fail(cache[world, backend])
+        return cache[world, backend]
 
-    def spawn(world: int) -> list[dict] | str:
+    def spawn(world: int, backend: str) -> list[dict] | str:
         seed = int(os.environ.get("PORTABLE_SOFTMAX_TEST_SEED") or secrets.randbits(31))
-        tmp = tmp_path_factory.mktemp(f"world{world}")
+        tmp = tmp_path_factory.mktemp(f"{backend}{world}")
         store, outs = tmp / "store", [tmp / f"rank{r}.json" for r in range(world)]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
             [os.path.dirname(os.path.dirname(os.path.abspath(distributed.__file__))),
              os.environ.get("PYTHONPATH", "")]))
-        procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(store), str(outs[r]), str(seed)],
+        procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(store), str(outs[r]),
+                                   str(seed), backend],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(world)]
         logs = []
@@ -318,10 +328,25 @@ def group_results(tmp_path_factory):
     return run
 
 
+def _two_gpus() -> str | None:
+    if not dist.is_nccl_available():
+        return "torch built without NCCL"
+    if torch.cuda.device_count() < 2:
+        return f"needs 2 GPUs, found {torch.cuda.device_count()}"
+    return None
+
+
+_NCCL_SKIP = _two_gpus()
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks(group_results, world, case):
-    results = group_results(world)
+@pytest.mark.parametrize("world, backend", [
+    (2, "gloo"), (3, "gloo"),
+    pytest.param(2, "nccl", marks=[pytest.mark.gpu,
+                                   pytest.mark.skipif(_NCCL_SKIP is not None, reason=f"{_NCCL_SKIP}")]),
+])
+def test_ranks(group_results, world, backend, case):
+    results = group_results(world, backend)
     failures = [f"rank {r}: {res[case]}" for r, res in enumerate(results) if res[case] != "ok"]
     assert not failures, f"seed={results[0]['seed']}\n" + "\n".join(failures)
 
@@ -361,4 +386,4 @@ def test_needs_an_initialised_group():
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
