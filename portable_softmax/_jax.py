@@ -54,7 +54,7 @@ def _on_registered_gpu(x) -> bool:
         return False
     if len(devices) != 1:
         return False
-    vendor = _jax_ffi.VENDORS.get(next(iter(devices)).platform)
+    vendor = _jax_ffi.vendor_of(next(iter(devices)))
     return vendor is not None and _jax_ffi.library_path(vendor) is not None and _jax_ffi.register(vendor) is None
 
 

@@ -36,6 +36,8 @@ TARGET_UNCAPTURED = "portable_softmax_launch_uncaptured"
 LIBRARY_ENV = "PORTABLE_SOFTMAX_JAX_FFI_LIBRARY"
 #: the command that builds the handler into the package
 BUILD_COMMAND = 'pip install --no-build-isolation ".[jax]"'
+#: without build isolation the build sees the environment's packages: jax's FFI headers among them
+BUILD_WHERE = "in an environment that has jax and scikit-build-core installed"
 #: runtime vendor -> the platform name jax.ffi.register_ffi_target takes
 FFI_PLATFORMS = {"cuda": "CUDA", "hip": "ROCM"}
 #: JAX lowering platform -> runtime vendor
@@ -55,6 +57,18 @@ _libraries: dict[str, ctypes.CDLL] = {}
 _api_versions: dict[str, str] = {}
 #: (vendor, shape, dtype, axis, op, safe) -> (target, attributes, workspace bytes)
 _calls: dict[tuple, tuple[str, dict, int]] = {}
+
+
+def vendor_of(device) -> str | None:
+    """The runtime vendor ('cuda' or 'hip') of a JAX device, or None for other platforms. CUDA and
+    ROCm devices both report the platform "gpu"; the client's platform version tells them apart."""
+    platform = getattr(device, "platform", "")
+    if platform in VENDORS:
+        return VENDORS[platform]
+    if platform != "gpu":
+        return None
+    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
+    return "hip" if "rocm" in version or "hip" in version else "cuda"
 
 
 def library_path(vendor: str) -> Path | None:
@@ -94,7 +108,7 @@ def _register(vendor: str) -> str | None:
     path = library_path(vendor)
     if path is None:
         return (f"the JAX FFI handler for {FFI_PLATFORMS[vendor]} is not built (jax was not importable when the "
-                f"package was built); build it with `{BUILD_COMMAND}`")
+                f"package was built); build it with `{BUILD_COMMAND}` {BUILD_WHERE}")
     try:
         library = ctypes.CDLL(str(path))
         init = library.PortableSoftmaxFfiInit
@@ -134,7 +148,8 @@ def status() -> str:
         if path is not None:
             lines.append(f"built for {platform} ({path}); registered on the first JAX call on such a GPU")
     if not lines:
-        return f"not built (jax was not importable when the package was built); build it with `{BUILD_COMMAND}`"
+        return (f"not built (jax was not importable when the package was built); build it with `{BUILD_COMMAND}` "
+                f"{BUILD_WHERE}")
     return "; ".join(lines)
 
 
