@@ -1,0 +1,256 @@
+"""Plans for the gradient kernels (src_cuda/backward.cuh): a pure function of the problem and the device.
+
+The rules are tried in order and the first that applies builds the plan; each says in a line why it
+exists. Kernel names are resolved from ``_variants`` once a rule has chosen its shape.
+
+>>> from portable_softmax.planner import DeviceProfile
+>>> from portable_softmax.planner_backward import GradRowProblem, plan_backward
+>>> p = plan_backward(GradRowProblem("float32", "softmax", rows=4096, cols=1000), DeviceProfile.h100())
+>>> p.regime, p.launches[0].kernel
+('a warp a row', 'ps_bwd_rows_f32_softmax_w32_g32_s8_v4')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
+
+from . import _variants as V
+from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError
+
+OPS = ("softmax", "log_softmax")
+
+
+@dataclass(frozen=True)
+class GradRowProblem:
+    """dx from dy and y along contiguous rows: element (r, c) of each at ``a[r * stride + c]``.
+
+    ``strides`` are (dy, y, dx) row strides (None: ``cols``); ``misaligns`` their base addresses in
+    elements modulo the widest vector (``address // itemsize % (16 // itemsize)``).
+    """
+
+    dtype: str
+    op: str
+    rows: int
+    cols: int
+    strides: tuple[int, int, int] | None = None
+    misaligns: tuple[int, int, int] = (0, 0, 0)
+    safe: bool = False
+
+    def row_strides(self) -> tuple[int, int, int]:
+        return self.strides if self.strides is not None else (self.cols,) * 3
+
+
+@dataclass(frozen=True)
+class GradStridedProblem:
+    """dx from dy and y along the middle axis of (outer, cols, inner) views with element strides."""
+
+    dtype: str
+    op: str
+    outer: int
+    cols: int
+    inner: int
+    dy_strides: tuple[int, int, int]
+    y_strides: tuple[int, int, int]
+    dx_strides: tuple[int, int, int]
+    safe: bool = False
+
+
+@dataclass(frozen=True)
+class GradTuning:
+    """The gradient planner's numbers (one family of devices)."""
+
+    #: the on-chip split takes rows of at most this many chunks a multiprocessor (one resident block
+    #: each is certain; the launch bound asks the compiler for GRAD_CACHED_MIN_BLOCKS)
+    cached_chunks_per_multiprocessor: int = 1
+    #: rows as long as a block holds, but fewer than multiprocessors / this, split across blocks
+    few_rows_fraction: int = 2
+    #: the two-pass split cuts rows into enough chunks for this many blocks a multiprocessor
+    split_blocks_per_multiprocessor: int = 8
+    #: ... each of at least this many slots a thread
+    split_min_slots_per_thread: int = 4
+
+
+DEFAULT_GRAD_TUNING = GradTuning()
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the row rules look at: the vector width, the slots a row covers and the compute size."""
+
+    vec: int
+    slots: int
+    compute_bytes: int
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    why: str
+    applies: Callable[[GradTuning, GradRowProblem, DeviceProfile, _Shape], bool]
+    build: Callable[[GradTuning, GradRowProblem, DeviceProfile, _Shape], Plan]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _grid(work: int, device: DeviceProfile, blocks_per_sm: int = 32) -> int:
+    return max(1, min(work, device.multiprocessors * blocks_per_sm, device.max_grid_x))
+
+
+def _row_args(p: GradRowProblem) -> tuple:
+    dys, ys, dxs = p.row_strides()
+    return ((I64, p.rows), (I64, p.cols), (I64, dys), (I64, ys), (I64, dxs))
+
+
+def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, slots: int, tier: str) -> Plan:
+    warp = device.warp_size
+    threads = lanes if lanes > warp else V.GRAD_ROWS_THREADS
+    rows_a_block = threads // lanes if lanes <= warp else 1
+    name = V.grad_rows_name(p.dtype, p.op, warp, lanes, slots, s.vec)
+    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), *_row_args(p), (I32, int(p.safe)))
+    launch = Launch(name, _grid(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False)
+    return Plan(tier, (launch,), notes={"lanes": lanes, "slots": slots, "vec": s.vec}, scratch_zeroed=False)
+
+
+def _block_shape(device: DeviceProfile, slots: int) -> tuple[int, int] | None:
+    """The smallest block (threads, slots a thread) of GRAD_BLOCK_SLOTS that holds ``slots``."""
+    for threads, per_thread in sorted(V.GRAD_BLOCK_SLOTS.items()):
+        if device.warp_size < threads <= device.max_threads_per_block and threads * per_thread >= slots:
+            return threads, per_thread
+    return None
+
+
+def _cached_chunks(s: _Shape) -> int:
+    return ceil(s.slots / (V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS))
+
+
+def _cached_fits(t: GradTuning, device: DeviceProfile) -> bool:
+    return V.GRAD_CACHED_THREADS <= device.max_threads_per_block
+
+
+def _group(t, p, device, s):
+    lanes = _next_pow2(s.slots)
+    return _rows_plan(p, device, s, lanes, 1, "warp")
+
+
+def _warp(t, p, device, s):
+    slots = _next_pow2(ceil(s.slots / device.warp_size))
+    return _rows_plan(p, device, s, device.warp_size, slots, "warp")
+
+
+def _block(t, p, device, s):
+    threads, per_thread = _block_shape(device, s.slots)
+    return _rows_plan(p, device, s, threads, per_thread, "block")
+
+
+def _few_rows(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape) -> bool:
+    return p.rows * t.few_rows_fraction < device.multiprocessors and _cached_chunks(s) > 1
+
+
+def _cached(t, p, device, s):
+    chunks = _cached_chunks(s)
+    name = V.grad_cached_name(p.dtype, p.op, device.warp_size, s.vec)
+    dys, ys, dxs = p.row_strides()
+    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (PTR, "arrivals"), (I64, p.rows), (I64, p.cols),
+            (I64, dys), (I64, ys), (I64, dxs), (I64, chunks), (I32, int(p.safe)))
+    grid = min(p.rows * chunks, device.max_grid_x // chunks * chunks)
+    launch = Launch(name, grid, V.GRAD_CACHED_THREADS, 0, args, cooperative=True, min_grid=chunks)
+    scratch = (("sums", p.rows * chunks * 2 * s.compute_bytes), ("arrivals", p.rows * 4))
+    return Plan("cached", (launch,), scratch, notes={"chunks": chunks, "vec": s.vec})
+
+
+def _split(t, p, device, s):
+    threads = V.GRAD_STREAM_THREADS
+    want = ceil(device.multiprocessors * t.split_blocks_per_multiprocessor / p.rows)
+    chunks = max(1, min(want, s.slots // (threads * t.split_min_slots_per_thread)))
+    chunk_slots = ceil(s.slots / chunks)
+    chunks = ceil(s.slots / chunk_slots)
+    warp = device.warp_size
+    dys, ys, dxs = p.row_strides()
+    grid = _grid(p.rows * chunks, device)
+    partials = Launch(V.grad_partials_name(p.dtype, p.op, warp, s.vec), grid, threads, 0,
+                      ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, p.rows), (I64, p.cols), (I64, dys), (I64, ys),
+                       (I64, chunk_slots), (I64, chunks)), cut_to_one_wave=False)
+    finish = Launch(V.grad_finish_name(p.dtype, p.op, warp, s.vec), grid, threads, 0,
+                    ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), *_row_args(p), (I64, chunk_slots),
+                     (I64, chunks), (I32, int(p.safe))), cut_to_one_wave=False)
+    return Plan("split", (partials, finish), (("sums", p.rows * chunks * 2 * s.compute_bytes),),
+                notes={"chunks": chunks, "chunk_slots": chunk_slots, "vec": s.vec}, scratch_zeroed=False)
+
+
+#: the row rules, in order: the first that applies plans
+ROW_RULES: tuple[Rule, ...] = (
+    Rule("a group of lanes a row", "rows of at most a warp's slots: one slot a lane, several rows a warp, "
+         "each load a whole vector of every lane", lambda t, p, d, s: s.slots <= d.warp_size, _group),
+    Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles",
+         lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _warp),
+    Rule("a block a row", "rows one block's registers hold, while there are rows enough for the device",
+         lambda t, p, d, s: _block_shape(d, s.slots) is not None and not _few_rows(t, p, d, s), _block),
+    Rule("a row split across blocks, on chip", "longer rows (or a few long ones) whose chunks fit the "
+         "resident blocks: one read and one write, the chunks' sums meeting in scratch",
+         lambda t, p, d, s: _cached_fits(t, d) and _cached_chunks(s) <= t.cached_chunks_per_multiprocessor
+         * d.multiprocessors, _cached),
+    Rule("a row split across blocks, two passes", "rows too long for the chip: each chunk's sum, then "
+         "the chunk again to finish it", lambda t, p, d, s: True, _split),
+)
+
+
+def _vec(p: GradRowProblem) -> int:
+    """The widest vector where dy, y and dx share their misalignment on every row, else 1 (short
+    rows at varying offsets stay scalar: their partial slots would cost more than vectors save)."""
+    widest = V.vector_widths(p.dtype)[1]
+    strides = p.row_strides()
+    same_base = len({m % widest for m in p.misaligns}) == 1
+    same_step = p.rows <= 1 or len({s % widest for s in strides}) == 1
+    short_unaligned = p.rows > 1 and strides[0] % widest != 0 and p.cols < 4 * widest
+    return widest if same_base and same_step and not short_unaligned else 1
+
+
+def _slots(p: GradRowProblem, vec: int) -> int:
+    stride = p.row_strides()[0]
+    pad = p.misaligns[0] % vec if p.rows <= 1 or stride % vec == 0 else vec - 1
+    return ceil((pad + p.cols) / vec)
+
+
+def _check(dtype: str, op: str, device: DeviceProfile) -> None:
+    if dtype not in V.DTYPES:
+        raise PlanError(f"dtype {dtype!r} has no kernels; supported: {', '.join(V.DTYPES)}")
+    if op not in OPS:
+        raise PlanError(f"op {op!r} has no gradient kernels; supported: {', '.join(OPS)}")
+    if device.warp_size not in V.WARP_SIZES:
+        raise PlanError(f"warp size {device.warp_size} has no kernels; built for {V.WARP_SIZES}")
+
+
+@lru_cache(maxsize=4096)
+def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DeviceProfile,
+                  tuning: GradTuning = DEFAULT_GRAD_TUNING) -> Plan:
+    """The launches that compute dx for ``problem`` on ``device``."""
+    _check(problem.dtype, problem.op, device)
+    if isinstance(problem, GradStridedProblem):
+        return _plan_strided(problem, device)
+    if problem.rows <= 0 or problem.cols <= 0:
+        return Plan("empty", ())
+    vec = _vec(problem)
+    shape = _Shape(vec, _slots(problem, vec), 8 if problem.dtype == "float64" else 4)
+    for rule in ROW_RULES:
+        if rule.applies(tuning, problem, device, shape):
+            return rule.build(tuning, problem, device, shape)
+    raise AssertionError("the last rule applies to every problem")
+
+
+def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
+    """A strided axis: a warp's worth of neighbouring inner positions (fewer when inner is small) a
+    block, the reduced axis split among its column groups."""
+    if p.outer * p.inner <= 0 or p.cols <= 0:
+        return Plan("empty", ())
+    inner_tile = min(device.warp_size, _next_pow2(p.inner))
+    threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
+    tiles = p.outer * ceil(p.inner / inner_tile)
+    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
+            *((I64, s) for s in (*p.dy_strides, *p.y_strides, *p.dx_strides)), (I32, inner_tile), (I32, int(p.safe)))
+    launch = Launch(V.grad_strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
+    return Plan("strided", (launch,), notes={"inner_tile": inner_tile}, scratch_zeroed=False)

@@ -1,0 +1,458 @@
+// backward.cuh: the gradients of softmax and log_softmax, dx from the output y and its gradient dy.
+//
+//   softmax:      dx = y * (dy - sum(dy * y))
+//   log_softmax:  dx = dy - exp(y) * sum(dy)
+//
+// A row reduces to one GradSum (the sum, and for log_softmax the max of y, which tells a row with
+// NaN and a safe row of all -inf), merged by an associative operator like the forward's (m, d), so
+// the regimes split a row across lanes, warps and blocks as the forward's do. The op policy
+// (Backward<OP>) says what an element adds to the sum and how it finishes. Three arrays share a row
+// layout: dy, y and dx start at the same offset from a VEC-aligned address (else the host launches
+// VEC = 1), and dx may be dy or y itself (every kernel reads a value before it writes its place).
+#pragma once
+#include "softmax.cuh"
+
+namespace ps {
+
+template <typename C> struct GradSum { C sum; C top; };
+
+template <typename C> PS_DEVICE GradSum<C> grad_identity() { return GradSum<C>{C(0), ps_neg_inf<C>()}; }
+template <typename C> PS_DEVICE GradSum<C> grad_combine(GradSum<C> a, GradSum<C> b) {
+  return GradSum<C>{a.sum + b.sum, ps_max_nan(a.top, b.top)};
+}
+
+template <int OP> struct Backward;
+
+template <> struct Backward<kSoftmax> {
+  static constexpr bool kTop = false;  // NaN in y reaches the sum, and so every element
+  template <typename C> PS_DEVICE static C term(C dy, C y) { return dy * y; }
+  template <typename C> struct Finish {
+    C sum;
+    PS_DEVICE Finish(GradSum<C> total, bool) : sum(total.sum) {}
+    // A safe row of all -inf has y = 0 and so dx = 0.
+    PS_DEVICE C operator()(C dy, C y) const { return y * (dy - sum); }
+  };
+};
+
+template <> struct Backward<kLogSoftmax> {
+  static constexpr bool kTop = true;  // the sum holds no y: NaN and empty rows come from the max
+  template <typename C> PS_DEVICE static C term(C dy, C) { return dy; }
+  template <typename C> struct Finish {
+    C sum;
+    bool zero;  // a safe log_softmax's row of all -inf is constant: its gradient is 0
+    PS_DEVICE Finish(GradSum<C> total, bool safe)
+        : sum(total.top != total.top ? ps_nan<C>() : total.sum), zero(safe && total.top == ps_neg_inf<C>()) {}
+    PS_DEVICE C operator()(C dy, C y) const { return zero ? C(0) : dy - ps_exp(y) * sum; }
+  };
+};
+
+// Adds element values to a GradSum; Kahan-compensated where one thread adds a long run.
+template <int OP, typename C, bool kCompensated> struct GradAccumulator {
+  GradSum<C> total = grad_identity<C>();
+  C carry = C(0);
+  PS_DEVICE void add(C dy, C y) {
+    const C term = Backward<OP>::term(dy, y);
+    if constexpr (kCompensated) {
+      const C v = term - carry;
+      const C t = total.sum + v;
+      carry = (t - total.sum) - v;
+      total.sum = t;
+    } else {
+      total.sum += term;
+    }
+    if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y);
+  }
+};
+
+template <int width, typename C> PS_DEVICE GradSum<C> grad_reduce_lanes(GradSum<C> g, bool top) {
+  g.sum = sum_over_lanes<width>(g.sum);
+  if (top) g.top = max_over_lanes<width>(g.top);
+  return g;
+}
+
+// Whole-block reduction; every thread ends with the total. Scratch sized from WARP.
+template <int OP, int WARP, typename C> PS_DEVICE GradSum<C> grad_reduce_block(GradSum<C> g) {
+  PS_SHARED C warp_sum[1024 / WARP];
+  PS_SHARED C warp_top[1024 / WARP];
+  constexpr bool kTop = Backward<OP>::kTop;
+  const int lane = PS_THREAD_X % WARP, warp = PS_THREAD_X / WARP, warps = PS_BLOCK_DIM_X / WARP;
+  g = grad_reduce_lanes<WARP>(g, kTop);
+  if (lane == 0) { warp_sum[warp] = g.sum; warp_top[warp] = g.top; }
+  PS_SYNC();
+  GradSum<C> part = grad_identity<C>();
+  if (lane < warps) { part.sum = warp_sum[lane]; part.top = warp_top[lane]; }
+  part = grad_reduce_lanes<WARP>(part, kTop);  // every warp sums the warps' results itself
+  PS_SYNC();  // the scratch may be written again by the next reduction
+  return part;
+}
+
+// ---- one row of the three arrays as aligned slots of VEC elements ---------------------------------
+template <typename T, int VEC> struct GradRow {
+  typedef typename compute_of<T>::type C;
+  const T* dy;
+  const T* y;
+  T* dx;
+  i64 cols;
+  int pad;    // elements between the aligned slot start and the row start
+  i64 slots;  // slots covering [-pad, cols)
+
+  PS_DEVICE GradRow(const T* dy_, const T* y_, T* dx_, i64 cols_) : dy(dy_), y(y_), dx(dx_), cols(cols_) {
+    pad = static_cast<int>((reinterpret_cast<unsigned long long>(dy_) / sizeof(T)) % VEC);
+    slots = (pad + cols + VEC - 1) / VEC;
+  }
+  PS_DEVICE bool full(i64 k) const { return k * VEC - pad >= 0 && k * VEC - pad + VEC <= cols; }
+  PS_DEVICE bool inside(i64 k, int j) const {
+    const i64 i = k * VEC - pad + j;
+    return i >= 0 && i < cols;
+  }
+  // Elements outside the row read as 0 (the callers skip them).
+  PS_DEVICE void load(i64 k, Vec<T, VEC>& a, Vec<T, VEC>& b) const {
+    const i64 first = k * VEC - pad;
+    if (full(k)) {
+      a = *reinterpret_cast<const Vec<T, VEC>*>(dy + first);
+      b = *reinterpret_cast<const Vec<T, VEC>*>(y + first);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const bool in = inside(k, j);
+      a.v[j] = in ? dy[first + j] : from_compute<T>(C(0));
+      b.v[j] = in ? y[first + j] : from_compute<T>(C(0));
+    }
+  }
+  template <int OP, bool kCompensated>
+  PS_DEVICE void add(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b, GradAccumulator<OP, C, kCompensated>& acc) const {
+    C da[VEC], ya[VEC];
+    widen(a, da);
+    widen(b, ya);
+    const bool whole = full(k);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (whole || inside(k, j)) acc.add(da[j], ya[j]);
+    }
+  }
+  template <typename F> PS_DEVICE void store(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b, const F& f) const {
+    C da[VEC], ya[VEC];
+    widen(a, da);
+    widen(b, ya);
+    const i64 first = k * VEC - pad;
+    if (full(k)) {
+      Vec<T, VEC> raw;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) raw.v[j] = from_compute<T>(f(da[j], ya[j]));
+      *reinterpret_cast<Vec<T, VEC>*>(dx + first) = raw;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (inside(k, j)) dx[first + j] = from_compute<T>(f(da[j], ya[j]));
+      }
+    }
+  }
+};
+
+// ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
+// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
+// so the row is read once and written once. Groups of a warp step through rows together (a row
+// past the end takes part in the shuffles and stores nothing).
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC>
+PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+  typedef typename compute_of<T>::type C;
+  constexpr bool kBlock = GROUP > WARP;
+  const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
+  const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
+  const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
+  for (i64 base = (i64)PS_BLOCK_X * groups; base < rows; base += (i64)PS_GRID_DIM_X * groups) {
+    const i64 row = base + group;
+    const bool active = row < rows;
+    const i64 r = active ? row : 0;
+    const GradRow<T, VEC> g(dy + r * dys, y + r * ys, dx + r * dxs, cols);
+    Vec<T, VEC> a[SLOTS], b[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.load(k, a[s], b[s]);
+    }
+    GradAccumulator<OP, C, false> acc;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.add(k, a[s], b[s], acc);
+    }
+    GradSum<C> total;
+    if constexpr (kBlock) {
+      total = grad_reduce_block<OP, WARP>(acc.total);
+    } else {
+      total = grad_reduce_lanes<GROUP>(acc.total, Backward<OP>::kTop);
+    }
+    const typename Backward<OP>::template Finish<C> f(total, safe != 0);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.store(k, a[s], b[s], f);
+    }
+  }
+}
+
+// ---- a row split across co-resident blocks, held on chip -----------------------------------------
+// Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
+// GradSum, waits for the row's other chunks and finishes from its registers: one read, one write.
+// The grid is cut to whole rows of `chunks` resident blocks, which advance in rounds. The scratch
+// (a GradSum per chunk of each row, a count per row) is zero at the start and left zero: the last
+// block to leave a row clears it.
+template <typename T, int OP, int WARP, int SLOTS, int VEC>
+PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename compute_of<T>::type* sums,
+                                 unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
+                                 int safe) {
+  typedef typename compute_of<T>::type C;
+  PS_SHARED C row_total[2];
+  const i64 rows_per_round = PS_GRID_DIM_X / chunks;
+  const i64 chunk = PS_BLOCK_X % chunks;
+  if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
+  const i64 begin = chunk * (i64)PS_BLOCK_DIM_X * SLOTS + PS_THREAD_X;
+  for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
+    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
+    Vec<T, VEC> a[SLOTS], b[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+      if (k < g.slots) g.load(k, a[s], b[s]);
+    }
+    GradAccumulator<OP, C, false> acc;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+      if (k < g.slots) g.add(k, a[s], b[s], acc);
+    }
+    const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
+    volatile C* published = sums + 2 * row * chunks;
+    if (PS_THREAD_X == 0) {
+      published[2 * chunk] = part.sum;
+      published[2 * chunk + 1] = part.top;
+      PS_THREAD_FENCE();  // the pair visible before the arrival is counted
+      arrive_and_wait(arrivals + row, chunks);
+    }
+    PS_SYNC();
+    if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
+      GradSum<C> total = grad_identity<C>();
+      for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
+        total = grad_combine(total, GradSum<C>{published[2 * c], published[2 * c + 1]});
+      }
+      total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
+      if (PS_THREAD_X == 0) {
+        row_total[0] = total.sum;
+        row_total[1] = total.top;
+        // chunks arrivals, then chunks departures: the last to leave clears the row's scratch
+        if (PS_ATOMIC_ADD(arrivals + row, 1u) == (unsigned)(2 * chunks - 1)) {
+          for (i64 c = 0; c < 2 * chunks; ++c) published[c] = C(0);
+          arrivals[row] = 0u;
+        }
+      }
+    }
+    PS_SYNC();
+    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], row_total[1]}, safe != 0);
+    PS_SYNC();  // row_total is written again for the next row
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+      if (k < g.slots) g.store(k, a[s], b[s], f);
+    }
+  }
+}
+
+// ---- a row split across blocks, two passes -------------------------------------------------------
+// Rows too long to hold on chip: the first pass writes each chunk's GradSum (Kahan-compensated
+// within a thread), the second merges a row's chunks and reads the chunk again to finish it.
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void grad_split_partials(const T* dy, const T* y, typename compute_of<T>::type* sums, i64 rows, i64 cols,
+                                   i64 dys, i64 ys, i64 chunk_slots, i64 chunks) {
+  typedef typename compute_of<T>::type C;
+  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
+    const i64 row = item / chunks, chunk = item % chunks;
+    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, nullptr, cols);
+    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
+    GradAccumulator<OP, C, true> acc;
+    constexpr int kDepth = 4;  // slots in flight a thread before their use
+    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+      Vec<T, VEC> a[kDepth], b[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 k = k0 + (i64)u * PS_BLOCK_DIM_X;
+        if (k < end) g.load(k, a[u], b[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 k = k0 + (i64)u * PS_BLOCK_DIM_X;
+        if (k < end) g.add(k, a[u], b[u], acc);
+      }
+    }
+    const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
+    if (PS_THREAD_X == 0) {
+      sums[2 * item] = part.sum;
+      sums[2 * item + 1] = part.top;
+    }
+  }
+}
+
+template <typename T, int OP, int WARP, int VEC>
+PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const typename compute_of<T>::type* sums, i64 rows,
+                                 i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunk_slots, i64 chunks, int safe) {
+  typedef typename compute_of<T>::type C;
+  PS_SHARED C row_total[2];
+  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
+    const i64 row = item / chunks, chunk = item % chunks;
+    if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks, compensated (a long row has thousands)
+      GradAccumulator<kSoftmax, C, true> sum;  // term(1, s) = s: a compensated sum of the chunks' sums
+      C top = ps_neg_inf<C>();
+      for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
+        sum.add(C(1), sums[2 * (row * chunks + c)]);
+        top = ps_max_nan(top, sums[2 * (row * chunks + c) + 1]);
+      }
+      const GradSum<C> total = grad_reduce_lanes<WARP>(GradSum<C>{sum.total.sum, top}, Backward<OP>::kTop);
+      if (PS_THREAD_X == 0) {
+        row_total[0] = total.sum;
+        row_total[1] = total.top;
+      }
+    }
+    PS_SYNC();
+    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], row_total[1]}, safe != 0);
+    PS_SYNC();
+    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
+    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
+    constexpr int kDepth = 4;
+    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+      Vec<T, VEC> a[kDepth], b[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 k = k0 + (i64)u * PS_BLOCK_DIM_X;
+        if (k < end) g.load(k, a[u], b[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const i64 k = k0 + (i64)u * PS_BLOCK_DIM_X;
+        if (k < end) g.store(k, a[u], b[u], f);
+      }
+    }
+  }
+}
+
+// ---- a strided axis ------------------------------------------------------------------------------
+// The arrays are (outer, cols, inner) with element strides. A block takes a tile of inner_tile
+// neighbouring inner positions (coalesced loads) and splits the reduced axis among blockDim /
+// inner_tile column groups, whose sums merge in shared memory; then it reads the tile again to
+// finish it.
+template <typename T, int OP>
+PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols, i64 inner, i64 dyso, i64 dysc,
+                            i64 dysi, i64 yso, i64 ysc, i64 ysi, i64 dxso, i64 dxsc, i64 dxsi, int inner_tile,
+                            int safe) {
+  typedef typename compute_of<T>::type C;
+  PS_SHARED C part_sum[1024];
+  PS_SHARED C part_top[1024];
+  const int tx = PS_THREAD_X % inner_tile;
+  const int ty = PS_THREAD_X / inner_tile;
+  const int groups = PS_BLOCK_DIM_X / inner_tile;
+  const i64 tiles_per_outer = (inner + inner_tile - 1) / inner_tile;
+  constexpr int kDepth = 4;  // loads in flight a thread before their use
+  for (i64 tile = PS_BLOCK_X; tile < outer * tiles_per_outer; tile += PS_GRID_DIM_X) {
+    const i64 o = tile / tiles_per_outer;
+    const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
+    const bool active = i < inner;
+    const T* dyl = dy + o * dyso + (active ? i : 0) * dysi;
+    const T* yl = y + o * yso + (active ? i : 0) * ysi;
+    GradAccumulator<OP, C, true> acc;
+    if (active) {
+      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+        C a[kDepth], b[kDepth];
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const i64 c = c0 + (i64)u * groups;
+          if (c < cols) { a[u] = to_compute(dyl[c * dysc]); b[u] = to_compute(yl[c * ysc]); }
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (c0 + (i64)u * groups < cols) acc.add(a[u], b[u]);
+        }
+      }
+    }
+    part_sum[PS_THREAD_X] = acc.total.sum;
+    part_top[PS_THREAD_X] = acc.total.top;
+    PS_SYNC();
+    if (ty == 0) {  // each thread merges the groups of its own inner position
+      GradSum<C> total = grad_identity<C>();
+      for (int q = 0; q < groups; ++q) {
+        total = grad_combine(total, GradSum<C>{part_sum[q * inner_tile + tx], part_top[q * inner_tile + tx]});
+      }
+      part_sum[tx] = total.sum;
+      part_top[tx] = total.top;
+    }
+    PS_SYNC();
+    const typename Backward<OP>::template Finish<C> f(GradSum<C>{part_sum[tx], part_top[tx]}, safe != 0);
+    PS_SYNC();  // the next tile reuses the scratch
+    if (active) {
+      T* dxl = dx + o * dxso + i * dxsi;
+      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+        C a[kDepth], b[kDepth];  // all loads before the first store, which may alias them (in place)
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const i64 c = c0 + (i64)u * groups;
+          if (c < cols) { a[u] = to_compute(dyl[c * dysc]); b[u] = to_compute(yl[c * ysc]); }
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          const i64 c = c0 + (i64)u * groups;
+          if (c < cols) dxl[c * dxsc] = from_compute<T>(f(a[u], b[u]));
+        }
+      }
+    }
+  }
+}
+
+// The launch bounds of the kernels above (planner_backward.py holds the same numbers).
+const int kGradRowsThreads = 256;         // groups of lanes a row
+const int kGradCachedThreads = 256;       // a chunk of the on-chip split
+const int kGradCachedMinBlocks = 2;       // ... at least this many a multiprocessor
+const int kGradStreamThreads = 256;       // the two-pass split
+
+}  // namespace ps
+
+// ---- extern "C" entry points (the generated softmax_<dtype>.cu files name each instantiation) ----
+#define PS_GRAD_ROWS_ENTRY(DT, T, OPN, OP, W, G, S, V)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS((G > W ? G : ps::kGradRowsThreads))                                    \
+      ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
+                                                           ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
+                                                           ps::i64 dxs, int safe) {                       \
+    ps::grad_rows<T, OP, W, G, S, V>(dy, y, dx, rows, cols, dys, ys, dxs, safe);                         \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
+
+#define PS_GRAD_CACHED_ENTRY(DT, T, OPN, OP, W, S, V)                                                    \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
+      ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V(                                                   \
+          const T* dy, const T* y, T* dx, compute_of<T>::type* sums, unsigned* arrivals, ps::i64 rows,   \
+          ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                \
+    ps::grad_split_cached<T, OP, W, S, V>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, safe); \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V)
+
+#define PS_GRAD_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
+      const T* dy, const T* y, compute_of<T>::type* sums, ps::i64 rows, ps::i64 cols, ps::i64 dys,       \
+      ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks) {                                                 \
+    ps::grad_split_partials<T, OP, W, V>(dy, y, sums, rows, cols, dys, ys, chunk_slots, chunks);         \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_partials_##DT##_##OPN##_w##W##_v##V)                                           \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_finish_##DT##_##OPN##_w##W##_v##V(      \
+      const T* dy, const T* y, T* dx, const compute_of<T>::type* sums, ps::i64 rows, ps::i64 cols,       \
+      ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunk_slots, ps::i64 chunks, int safe) {             \
+    ps::grad_split_finish<T, OP, W, V>(dy, y, dx, sums, rows, cols, dys, ys, dxs, chunk_slots, chunks, safe); \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_finish_##DT##_##OPN##_w##W##_v##V)
+
+#define PS_GRAD_STRIDED_ENTRY(DT, T, OPN, OP)                                                            \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_bwd_strided_##DT##_##OPN(                                     \
+      const T* dy, const T* y, T* dx, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 dyso,          \
+      ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 dxso, ps::i64 dxsc,     \
+      ps::i64 dxsi, int inner_tile, int safe) {                                                          \
+    ps::grad_strided<T, OP>(dy, y, dx, outer, cols, inner, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, \
+                               dxsi, inner_tile, safe);                                                  \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_strided_##DT##_##OPN)
