@@ -9,10 +9,12 @@ True
 __version__ = "0.1.0"
 
 from . import _torch_op, reference  # noqa: E402
+from ._backward import log_softmax_backward, softmax_backward  # noqa: E402
 from ._probe import backend_info  # noqa: E402
 from .api import log_softmax, softmax, use_backend  # noqa: E402
 
-__all__ = ["softmax", "log_softmax", "backend_info", "reference", "use_backend", "__version__"]
+__all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "backend_info", "reference",
+           "use_backend", "__version__"]
 
 
 def _register_with_torch() -> None:

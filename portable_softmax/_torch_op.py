@@ -17,7 +17,9 @@ Plain tensors outside torch's transforms take the direct path of ``api``. Elsewh
   a jvp formula (other calls keep ``PortableSoftmax``), so under forward mode inside it the call
   is torch's own softmax, which carries the tangent.
 
-Both backwards are torch's own softmax / log_softmax backward.
+The backwards run this package's gradient kernels through a second operator,
+``portable_softmax::softmax_backward`` (fake kernel, vmap rule, and a double backward written in
+torch ops), or directly on plain tensors outside transforms when no graph of the backward is recorded.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from ._dtypes import storage_name
 
 NAME = "portable_softmax::softmax"
 SCHEMA = "(Tensor x, int axis, str op, bool safe) -> Tensor"
+BACKWARD_NAME = "portable_softmax::softmax_backward"
+BACKWARD_SCHEMA = "(Tensor grad, Tensor y, int axis, str op) -> Tensor"
 # Set once on the first call (torch is imported lazily). Module globals, not closures: torch.compile
 # reads them through the autograd functions' forwards and backwards.
 _operator = None  # torch.ops.portable_softmax.softmax.default
 _functions: dict = {}  # route -> autograd function
 _forward: Callable | None = None  # api._eager_forward: the direct path on a plain tensor
-_backward_ops: dict = {}  # op -> torch's own backward of it
+_backward_operator = None  # torch.ops.portable_softmax.softmax_backward.default
 _registering = threading.Lock()
 # torch once imported. A module global: torch.compile traces route(), and its wrapping of sys.modules
 # (read while imports change it) failed with "dictionary changed size during iteration".
@@ -107,7 +111,7 @@ def register() -> None:
 
 
 def _register() -> None:
-    global _operator, _forward, _torch, _library
+    global _operator, _forward, _torch, _library, _backward_operator
     import torch
 
     from .api import _eager_forward
@@ -122,8 +126,12 @@ def _register() -> None:
     torch.library.register_vmap(NAME, _vmap_rule, lib=_library)
     # for the operator called alone (ps.softmax takes the autograd functions below)
     torch.library.register_autograd(NAME, _backward, setup_context=_setup_context, lib=_library)
-    _backward_ops.update(softmax=torch.ops.aten._softmax_backward_data,
-                         log_softmax=torch.ops.aten._log_softmax_backward_data)
+    _library.define(f"softmax_backward{BACKWARD_SCHEMA}")
+    _library.impl("softmax_backward", _backward_kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(BACKWARD_NAME, _backward_fake, lib=_library)
+    torch.library.register_vmap(BACKWARD_NAME, _backward_vmap_rule, lib=_library)
+    _backward_operator = torch.ops.portable_softmax.softmax_backward.default
+    _functions["backward"] = _backward_function(torch)
     transform = _transform_function(torch)
     _functions.update(transform=transform, autograd=_eager_function(torch), forward=_forward_mode_function(transform))
     _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
@@ -211,8 +219,67 @@ def _setup_forward_context(ctx, inputs, output):
 def _backward(ctx, grad):
     (y,) = ctx.saved_tensors
     dim = ctx.axis if y.dim() else 0
-    dx = _backward_ops[ctx.op](grad.contiguous(), y, dim, ctx.input_dtype)
-    return _zero_empty_rows(ctx, y, dim, dx), None, None, None
+    grad = grad.to(y.dtype)
+    if route(grad) is None and route(y) is None:  # plain tensors, no graph of the backward recorded
+        dx = _gradient(grad, y, dim, ctx.op)
+    else:
+        dx = _functions["backward"].apply(grad, y, dim, ctx.op)
+    return dx, None, None, None
+
+
+def _gradient(grad, y, dim: int, op: str):
+    from ._backward import log_softmax_backward, softmax_backward
+
+    return (softmax_backward if op == "softmax" else log_softmax_backward)(grad, y, dim)
+
+
+def _backward_kernel(grad, y, axis, op):
+    dx = _gradient(grad, y, axis, op)
+    return dx if dx.is_contiguous() else dx.contiguous()  # the fake kernel's layout
+
+
+def _backward_fake(grad, y, axis, op):
+    storage_name(grad.dtype)
+    return grad.new_empty(grad.shape)
+
+
+def _backward_vmap_rule(info, in_dims, grad, y, axis, op):
+    grad_dim, y_dim = in_dims[:2]
+    if grad_dim is None and y_dim is None:
+        return _backward_operator(grad, y, axis, op), None
+    size = info.batch_size
+    grad = grad.movedim(grad_dim, 0) if grad_dim is not None else grad.unsqueeze(0).expand(size, *grad.shape)
+    y = y.movedim(y_dim, 0) if y_dim is not None else y.unsqueeze(0).expand(size, *y.shape)
+    grad_rows, rows_axis, unrow = _batch_rows(grad, axis)
+    y_rows = _batch_rows(y, axis)[0]
+    return unrow(_backward_operator(grad_rows.contiguous(), y_rows.contiguous(), rows_axis, op)), 0
+
+
+def _setup_backward_context(ctx, inputs, output):
+    grad, y, axis, op = inputs
+    ctx.save_for_backward(grad, y)
+    ctx.axis, ctx.op = axis, op
+
+
+def _double_backward(ctx, upstream):
+    """The derivatives of dx = y (g - sum(g y)) (softmax) or g - exp(y) sum(g) (log_softmax) with
+    respect to g and y, for an incoming v: softmax's g-part is its own backward of v; a log_softmax
+    row of all -inf (safe, constant) has none."""
+    grad, y = ctx.saved_tensors
+    dim = ctx.axis if y.dim() else 0
+    wide = grad.dtype if grad.element_size() >= 4 else _torch.float32
+    g, w, v = grad.to(wide), y.to(wide), upstream.to(wide)
+    if ctx.op == "softmax":
+        d_grad = _functions["backward"].apply(upstream.to(y.dtype), y, dim, "softmax")
+        d_y = v * (g - (g * w).sum(dim, keepdim=True)) - g * (v * w).sum(dim, keepdim=True)
+        return d_grad, d_y.to(y.dtype), None, None
+    e = w.exp()
+    d_grad = v - (v * e).sum(dim, keepdim=True)
+    d_y = -v * e * g.sum(dim, keepdim=True)
+    if y.dim():
+        empty = _torch.isneginf(w).all(dim, keepdim=True)
+        d_grad, d_y = d_grad.masked_fill(empty, 0), d_y.masked_fill(empty, 0)
+    return d_grad.to(grad.dtype), d_y.to(y.dtype), None, None
 
 
 def _jvp(ctx, tangent, *_):
@@ -264,3 +331,18 @@ def _eager_function(torch):
             return y
 
     return PortableSoftmaxEager
+
+
+def _backward_function(torch):
+    class PortableSoftmaxGrad(torch.autograd.Function):  # grad_fn: PortableSoftmaxGradBackward
+        """The gradient operator where autograd records it (double backward, torch.func, torch.compile)."""
+
+        generate_vmap_rule = True  # the forward is the operator, which has a vmap rule
+        setup_context = staticmethod(_setup_backward_context)
+        backward = staticmethod(_double_backward)
+
+        @staticmethod
+        def forward(grad, y, axis, op):
+            return _backward_operator(grad.detach(), y.detach(), axis, op)
+
+    return PortableSoftmaxGrad

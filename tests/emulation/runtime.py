@@ -168,6 +168,35 @@ class EmulatedRuntime:
             raise EmulationError("a kernel wrote into its input")
         return y_buf.payload.view(x.dtype).reshape(x.shape).copy()
 
+    def run_backward(self, dy: np.ndarray, y: np.ndarray, plan: Plan, offsets: tuple[int, int, int] = (0, 0, 0)
+                     ) -> np.ndarray:
+        """dx of a gradient plan (planner_backward) for C-contiguous dy and y, each array starting
+        ``offsets`` (dy, y, dx) elements past an aligned address; the guard and scratch checks of run_plan."""
+        dy, y = np.ascontiguousarray(dy), np.ascontiguousarray(y)
+        buffers = {}
+        for name, array, offset in (("dy", dy, offsets[0]), ("y", y, offsets[1]), ("dx", None, offsets[2])):
+            buffers[name] = GuardedBuffer(dy.nbytes, offset * dy.itemsize)
+            if array is not None:
+                buffers[name].payload[...] = array.reshape(-1).view(np.uint8)
+        for name, nbytes in plan.scratch:
+            buffers[name] = GuardedBuffer(nbytes, fill=0 if plan.scratch_zeroed else _POISON)
+        addresses = {name: buf.address for name, buf in buffers.items()}
+        for step in plan.launches:
+            self._check_fits(step)
+            grid = self.resident_grid(step) if step.cooperative else step.grid
+            self.library.launch(step.kernel, self._profile.warp_size, grid, step.block, step.shared_mem,
+                                step.args, addresses)
+        for name, buf in buffers.items():
+            buf.check_guards(name)
+        if plan.scratch_zeroed:
+            for name, _ in plan.scratch:
+                if np.any(buffers[name].payload != 0):
+                    raise EmulationError(f"the launches left scratch {name!r} not zero")
+        for name, array in (("dy", dy), ("y", y)):
+            if not np.array_equal(buffers[name].payload, array.reshape(-1).view(np.uint8)):
+                raise EmulationError(f"a kernel wrote into its input {name}")
+        return buffers["dx"].payload.view(dy.dtype).reshape(dy.shape).copy()
+
     def resident_grid(self, step) -> int:
         """The grid cut to the blocks this profile keeps resident, as the GPU runtimes cut it for
         launches whose blocks wait on each other (the emulation itself runs any number at once)."""

@@ -1,0 +1,209 @@
+"""The gradients of softmax and log_softmax: dx from the forward's output y and its gradient dy."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+
+from . import _probe
+from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
+from ._dtypes import storage_name
+from .layout import Rows, Strided, describe, normalize_axis
+from .planner import Plan
+from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
+
+ArrayT = TypeVar("ArrayT")
+
+
+def softmax_backward(dy: ArrayT, y: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+    """The gradient of softmax along ``axis``: ``dx = y * (dy - sum(dy * y, axis))``.
+
+    ``y`` is ``softmax(x, axis)`` and ``dy`` the gradient of a loss with respect to it; both of the
+    same array type, shape, dtype and device. The result is of that type, computed on the caller's
+    current stream (float16 and bfloat16 in float32, sums in float32; float64 in float64).
+
+    >>> import numpy as np, portable_softmax as ps
+    >>> y = ps.softmax(np.array([[1.0, 2.0, 3.0]]))
+    >>> dx = ps.softmax_backward(np.array([[0.0, 0.0, 1.0]]), y)
+    >>> bool(abs(dx.sum()) < 1e-12)
+    True
+    """
+    return _gradient(dy, y, axis, "softmax", out)
+
+
+def log_softmax_backward(dy: ArrayT, y: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+    """The gradient of log_softmax along ``axis``: ``dx = dy - exp(y) * sum(dy, axis)``.
+
+    ``y`` is ``log_softmax(x, axis)``; a row of y that is all -inf (``log_softmax(..., safe=True)``
+    of a row of all -inf, a constant) gets a zero gradient. Otherwise as ``softmax_backward``.
+
+    >>> import numpy as np, portable_softmax as ps
+    >>> y = ps.log_softmax(np.array([[1.0, 2.0, 3.0]]))
+    >>> dx = ps.log_softmax_backward(np.array([[1.0, 0.0, 0.0]]), y)  # of the loss y[0, 0]
+    >>> bool(abs(dx.sum()) < 1e-12)
+    True
+    """
+    return _gradient(dy, y, axis, "log_softmax", out)
+
+
+def _named(a) -> str:
+    return f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+
+
+def _where(a: Host | DeviceArray) -> str:
+    return f"{a.vendor}:{a.device_index}" if a.on_device else "host"
+
+
+def _gradient(dy, y, axis, op: str, out):
+    dy = array_like(dy) if isinstance(dy, ARRAY_LIKE) else dy
+    y = array_like(y) if isinstance(y, ARRAY_LIKE) else y
+    if type(dy) is not type(y) and not (isinstance(dy, np.ndarray) and isinstance(y, np.ndarray)):
+        raise TypeError(f"dy and y must be arrays of one type; got {_named(dy)} and {_named(y)}")
+    if isinstance(dy, np.ma.MaskedArray) or isinstance(y, np.ma.MaskedArray):
+        raise TypeError("numpy masked arrays are not supported: pass plain arrays (x.data or x.filled(...))")
+    src, ys = classify(dy), classify(y)
+    if src.on_device != ys.on_device or (src.on_device and _where(src) != _where(ys)):
+        raise ValueError(f"dy and y must be on one device; dy is on {_where(src)}, y on {_where(ys)}")
+    if tuple(src.shape) != tuple(ys.shape):
+        raise ValueError(f"dy and y must have one shape; got dy {tuple(src.shape)} and y {tuple(ys.shape)}")
+    if src.dtype != ys.dtype:
+        raise TypeError(f"dy and y must have one dtype; got dy {src.dtype} and y {ys.dtype} "
+                        "(cast one: the gradient is computed in the dtype of both)")
+    axis = normalize_axis(axis, len(src.shape))
+    dst = _check_out(src, out)
+    if src.on_device:
+        return _run_device(src, ys, axis, op, dst, out)
+    return _run_host(src, ys, axis, op, dst, out)
+
+
+def _check_out(src, out):
+    if out is None:
+        return None
+    if type(out).__module__.split(".")[0] in ("jax", "jaxlib"):
+        raise ValueError("out= cannot be a JAX array: JAX arrays are immutable; use the returned array")
+    dst = classify(out, writes=True)
+    if dst.on_device != src.on_device or (src.on_device and _where(dst) != _where(src)):
+        raise ValueError(f"out must live where dy does ({_where(src)}); got {type(out).__name__} on {_where(dst)}")
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"out has shape {tuple(dst.shape)}; dy's shape {tuple(src.shape)} is required")
+    if dst.dtype != src.dtype:
+        raise ValueError(f"out has dtype {dst.dtype}; dy's dtype {src.dtype} is required")
+    strides = dst.strides if dst.on_device else host_view(dst.array)[1]
+    if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
+        raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
+    if not dst.on_device and not dst.array.flags.writeable:
+        raise ValueError("out is read-only; pass a writeable array")
+    return dst
+
+
+# ---- host arrays -----------------------------------------------------------------------------------
+def gradient_on_host(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
+    """The gradient in numpy: sums in float64, elementwise in the compute type (float64 for float64,
+    else float32), the result in dy's dtype."""
+    compute = np.float64 if dy.dtype == np.float64 else np.float32
+    d, w = dy.astype(compute), y.astype(compute)
+    if dy.ndim == 0:
+        return np.zeros_like(dy)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op == "softmax":
+            total = np.sum(d * w, axis=axis, keepdims=True, dtype=np.float64).astype(compute)
+            dx = w * (d - total)
+        else:
+            total = np.sum(d, axis=axis, keepdims=True, dtype=np.float64).astype(compute)
+            top = np.max(w, axis=axis, keepdims=True) if w.shape[axis] else np.full_like(total, -np.inf)
+            total = np.where(np.isnan(top), np.nan, total).astype(compute)
+            dx = np.where(top == -np.inf, compute(0), d - np.exp(w) * total)
+    return dx.astype(dy.dtype, copy=False)
+
+
+def _run_host(src: Host, ys: Host, axis: int, op: str, dst: Host | None, out):
+    from . import api
+
+    dy, y = (np.asarray(a.array) for a in (src, ys))
+    dy = dy if dy.dtype.isnative else dy.astype(dy.dtype.newbyteorder("="))
+    y = y if y.dtype.isnative else y.astype(y.dtype.newbyteorder("="))
+    name = api._forced_host_backend.get()
+    rt = api.host_runtimes.get(name) if name else None
+    if rt is not None and hasattr(rt, "run_backward") and dy.ndim and dy.size:
+        dx = _run_staged(rt, dy, y, axis, op)
+    else:
+        dx = gradient_on_host(dy, y, axis, op)
+    if dst is not None:
+        dst.array[...] = dx
+        return out
+    return src.wrap(dx)
+
+
+def _run_staged(rt, dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
+    """A runtime that takes host arrays (the emulation) through its kernels."""
+    dy, y = np.ascontiguousarray(dy), np.ascontiguousarray(y)
+    shape, strides = host_view(dy)
+    layout = describe(shape, strides, axis)
+    problem = _problem(storage_name(dy.dtype), op, layout, layout, layout, (0, 0, 0))
+    return rt.run_backward(dy, y, plan_backward(problem, rt.profile(rt.current_device())))
+
+
+def _problem(dtype: str, op: str, dl, yl, xl, misaligns) -> GradRowProblem | GradStridedProblem:
+    if isinstance(dl, Rows):
+        return GradRowProblem(dtype, op, dl.rows, dl.cols, (dl.row_stride, yl.row_stride, xl.row_stride),
+                              misaligns, safe=True)
+    return GradStridedProblem(dtype, op, dl.outer, dl.cols, dl.inner, dl.strides, yl.strides, xl.strides, safe=True)
+
+
+def _as_strided(layout: Rows | Strided) -> Strided:
+    if isinstance(layout, Strided):
+        return layout
+    return Strided(layout.rows, layout.cols, 1, (layout.row_stride, 1, 0))
+
+
+# ---- device arrays ---------------------------------------------------------------------------------
+def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: DeviceArray | None, out):
+    rt = _probe.runtime(src.vendor)
+    shape = tuple(src.shape)
+    if len(shape) == 0 or 0 in shape:
+        dx = dst.array if dst is not None else src.empty(shape)
+        if len(shape) == 0:
+            dx[...] = 0.0  # softmax of one value is a constant
+        return src.result(dx) if dst is None else out
+    layouts = [describe(shape, a.strides, axis) for a in (src, ys)]
+    if any(lay is None or (isinstance(lay, Strided) and lay.inner == 1) for lay in layouts):
+        src, ys = src.contiguous(), ys.contiguous()
+        layouts = [describe(shape, a.strides, axis) for a in (src, ys)]
+    dl, yl = layouts
+    if isinstance(dl, Rows) != isinstance(yl, Rows):  # one strided, one in rows: both as strided views
+        dl, yl = _as_strided(dl), _as_strided(yl)
+    target = dst
+    xl = describe(shape, dst.strides, axis) if dst is not None else None
+    if xl is None or (isinstance(xl, Strided) and xl.inner == 1):  # out's dims do not collapse
+        target = type(src)(src.empty(shape))
+        xl = describe(shape, target.strides, axis)
+    if not (isinstance(dl, Rows) and isinstance(xl, Rows)):  # a strided one: all three as strided views
+        dl, yl, xl = _as_strided(dl), _as_strided(yl), _as_strided(xl)
+    misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
+    problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
+    the_plan = plan_backward(problem, rt.profile(src.device_index))
+    _launch(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr})
+    if dst is not None:
+        if target is not dst:
+            target.copy_into(dst.array)
+        return out
+    return src.result(target.array)
+
+
+def _launch(rt, src: DeviceArray, the_plan: Plan, buffers: dict[str, int]) -> None:
+    from . import api
+
+    stream = src.stream()
+    keep = None
+    if the_plan.scratch:
+        nbytes, offsets = the_plan.scratch_layout()
+        if not the_plan.scratch_zeroed:
+            base, keep = src.scratch(nbytes, zeroed=False)
+        elif src.capturing():  # a fill captured in a graph zeroes nothing until the graph runs
+            base, keep = src.scratch(nbytes)
+        else:
+            base = api._zeroed_scratch(src, nbytes, stream, rt)
+        buffers.update((name, base + offset) for name, offset in offsets.items())
+    rt.launch(the_plan, src.dtype, buffers, stream, src.device_index)
+    del keep  # stream-ordered allocators reuse scratch only after the launches above

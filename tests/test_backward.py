@@ -1,0 +1,351 @@
+"""The gradient kernels and API: softmax_backward / log_softmax_backward against the float64 reference.
+
+The kernels run in the SIMT emulation at warp 32 and 64 through every regime of planner_backward
+(small emulated limits take small shapes to the split regimes); the public API runs on the CPU
+backend, on the emulated backends, and under torch's autograd (eager, torch.func, torch.compile).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+from emulation import CompilerUnavailable, EmulatedRuntime, EmulationLibrary, load_library
+from emulation.build import SRC_CUDA
+
+import portable_softmax as ps
+from portable_softmax import _tolerance
+from portable_softmax import _variants as V
+from portable_softmax.planner import DeviceProfile
+from portable_softmax.planner_backward import (
+    ROW_RULES,
+    GradRowProblem,
+    GradStridedProblem,
+    plan_backward,
+)
+
+WARPS = V.WARP_SIZES
+NUMPY_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+                "bfloat16": ml_dtypes.bfloat16}
+
+
+def gradient_reference(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
+    """float64 dx from the same dy and y: softmax y (dy - sum(dy y)), log_softmax dy - exp(y) sum(dy),
+    a log_softmax row of all -inf (safe: constant) zero."""
+    d, w = dy.astype(np.float64), y.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op == "softmax":
+            return w * (d - np.sum(d * w, axis=axis, keepdims=True))
+        dx = d - np.exp(w) * np.sum(d, axis=axis, keepdims=True)
+        dx = np.where(np.isnan(w).any(axis=axis, keepdims=True), np.nan, dx)
+        return np.where(np.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
+
+
+def forward_output(rng, shape, axis: int, op: str, dtype: str, scale: float = 3.0) -> np.ndarray:
+    """y = softmax / log_softmax of random values (float64, rounded to dtype)."""
+    x = rng.standard_normal(shape) * scale
+    y = ps.reference.softmax(x, axis) if op == "softmax" else ps.reference.log_softmax(x, axis)
+    return y.astype(NUMPY_DTYPES[dtype])
+
+
+def assert_gradient(got, dy, y, axis, op, what=""):
+    ref = gradient_reference(np.asarray(dy), np.asarray(y), axis, op)
+    bad = _tolerance.outside(np.asarray(got), ref)
+    bound = _tolerance.describe(np.asarray(got).dtype.name)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} outside {bound}, "
+                           f"e.g. got {np.asarray(got)[bad][:3]} want {ref[bad][:3]}")
+
+
+# ---- the emulated kernels ---------------------------------------------------------------------------
+def _library_or_skip(*args) -> EmulationLibrary:
+    try:
+        return load_library(*args)
+    except CompilerUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def library() -> EmulationLibrary:
+    return _library_or_skip()
+
+
+@pytest.fixture(params=WARPS, ids=lambda w: f"warp{w}")
+def runtime(request, library) -> EmulatedRuntime:
+    return EmulatedRuntime(library, request.param)
+
+
+#: shapes that take every row regime on the emulated profile (4 multiprocessors, 256 threads a
+#: block): groups of lanes, a warp a row, a block a row, the on-chip split (a few long rows too), two passes
+ROW_SHAPES = [(40, 1), (40, 3), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 12000), (1, 20000), (2, 100000)]
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_every_row_regime_matches_the_reference(runtime, rng, dtype, op):
+    tiers = set()
+    for rows, cols in ROW_SHAPES:
+        y = forward_output(rng, (rows, cols), 1, op, dtype)
+        dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+        the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols), runtime.profile(0))
+        tiers.add(the_plan.tier)
+        got = runtime.run_backward(dy, y, the_plan)
+        assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}")
+    assert tiers == {"warp", "block", "cached", "split"}
+
+
+@pytest.mark.parametrize("offsets", [(1, 1, 1), (1, 2, 3), (0, 0, 1)])
+def test_misaligned_rows_take_partial_slots_or_scalars(runtime, rng, offsets):
+    """The same offset on all three arrays takes vector slots with a partial head; different offsets
+    take the scalar kernels."""
+    for rows, cols in [(40, 3), (9, 130), (5, 1000), (7, 3000), (3, 12000), (2, 100000)]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, "float32")
+            dy = rng.standard_normal((rows, cols)).astype(np.float32)
+            problem = GradRowProblem("float32", op, rows, cols, misaligns=offsets)
+            the_plan = plan_backward(problem, runtime.profile(0))
+            if len(set(offsets)) > 1:
+                assert the_plan.notes["vec"] == 1
+            got = runtime.run_backward(dy, y, the_plan, offsets)
+            assert_gradient(got, dy, y, 1, op, f"{rows}x{cols} {offsets} {the_plan.launches[0].kernel}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_strided_axes_match_the_reference(runtime, rng, dtype):
+    for shape, axis in [((3, 50, 7), 1), ((200, 33), 0), ((2, 1000, 40), 1), ((5, 4, 3, 2), 2)]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, shape, axis, op, dtype)
+            dy = rng.standard_normal(shape).astype(y.dtype)
+            with ps.use_backend(f"emu{runtime.profile(0).warp_size}"):
+                got = ps.softmax_backward(dy, y, axis) if op == "softmax" else ps.log_softmax_backward(dy, y, axis)
+            assert_gradient(got, dy, y, axis, op, f"{dtype} {shape} axis {axis}")
+
+
+def test_nan_and_empty_rows(runtime, rng):
+    """NaN in dy or y makes its row NaN; a log_softmax row of all -inf (a safe forward's) gets 0; a
+    softmax row of zeros (its safe twin) gets 0. Every regime."""
+    for rows, cols in ROW_SHAPES[2:]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, "float32")
+            dy = rng.standard_normal((rows, cols)).astype(np.float32)
+            if rows >= 3:
+                dy[0, cols // 2] = np.nan
+                y[1, cols - 1] = np.nan
+                y[2] = -np.inf if op == "log_softmax" else 0.0
+            else:
+                y[0] = -np.inf if op == "log_softmax" else 0.0
+            the_plan = plan_backward(GradRowProblem("float32", op, rows, cols, safe=True), runtime.profile(0))
+            got = runtime.run_backward(dy, y, the_plan)
+            assert_gradient(got, dy, y, 1, op, f"{rows}x{cols} {the_plan.tier}")
+            if rows >= 3:
+                assert np.isnan(got[:2]).all() and (got[2] == 0).all()
+            else:
+                assert (got[0] == 0).all()
+
+
+#: a 32-lane assumption in the reductions the gradient kernels use: harmless at warp 32, caught at 64
+MUTATIONS = {
+    "butterfly stops at xor 16": ("softmax.cuh", "for (int offset = width / 2; offset > 0; offset /= 2)",
+                                  "for (int offset = (width > 32 ? 32 : width) / 2; offset > 0; offset /= 2)"),
+    "lane = thread & 31": ("backward.cuh", "const int lane = PS_THREAD_X % WARP, warp",
+                           "const int lane = PS_THREAD_X & 31, warp"),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_a_32_lane_assumption_fails_at_warp_64_only(tmp_path, rng, mutation):
+    header_name, anchor, replacement = MUTATIONS[mutation]
+    src = tmp_path / "src_cuda"
+    shutil.copytree(SRC_CUDA, src)
+    header = src / header_name
+    text = header.read_text()
+    assert anchor in text, f"mutation anchor no longer in {header_name}: {anchor!r}"
+    header.write_text(text.replace(anchor, replacement))
+    mutant = _library_or_skip(src, ("float32",))
+    wrong = {}
+    for warp in WARPS:
+        runtime = EmulatedRuntime(mutant, warp)
+        wrong[warp] = []
+        for rows, cols in [(9, 130), (5, 1000), (7, 3000), (3, 12000)]:
+            y = forward_output(rng, (rows, cols), 1, "softmax", "float32")
+            dy = rng.standard_normal((rows, cols)).astype(np.float32)
+            the_plan = plan_backward(GradRowProblem("float32", "softmax", rows, cols), runtime.profile(0))
+            got = runtime.run_backward(dy, y, the_plan)
+            if _tolerance.outside(got, gradient_reference(dy, y, 1, "softmax")).any():
+                wrong[warp].append(f"{rows}x{cols} {the_plan.tier}")
+    assert not wrong[32], f"mutation {mutation!r} should be harmless at warp 32, yet broke {wrong[32]}"
+    assert wrong[64], f"mutation {mutation!r} went unnoticed at warp 64"
+
+
+# ---- the planner --------------------------------------------------------------------------------------
+PROFILES = {
+    "h100": DeviceProfile.h100(),
+    "mi300x": DeviceProfile.mi300x(),
+    "rdna3": DeviceProfile("AMD Radeon RX 7900 XTX", "amd", "gfx1100", 32, 48, 1024, 64 * 1024, 64 * 1024),
+}
+BUILT_PROFILES = {"cuda": [PROFILES["h100"]], "hip": [PROFILES["mi300x"], PROFILES["rdna3"]]}
+
+
+def _witness_problems(dtype: str):
+    widest = V.vector_widths(dtype)[1]
+    for op in ("softmax", "log_softmax"):
+        for rows in (1, 3, 4096):
+            for cols in sorted({c for k in range(21) for c in (1 << k, (1 << k) + 1, 3 << k)} | {10**7}):
+                if rows * cols > 10**8:
+                    continue
+                for misaligns in ((0, 0, 0), (1, 1, 1), (0, 1, 0)):
+                    yield GradRowProblem(dtype, op, rows, cols, misaligns=tuple(m % widest for m in misaligns))
+        yield GradStridedProblem(dtype, op, 4, 100, 30, (3000, 30, 1), (3000, 30, 1), (3000, 30, 1))
+
+
+@pytest.mark.parametrize("backend", BUILT_PROFILES)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
+    """Every gradient kernel a backend's build carries is planned for some shape on one of its
+    profiles, and every plan names one it carries."""
+    built = V.backward_catalogue(dtype, backend)
+    planned = set()
+    for device in BUILT_PROFILES[backend]:
+        for problem in _witness_problems(dtype):
+            names = {launch.kernel for launch in plan_backward(problem, device).launches}
+            assert names <= built, (device.name, problem, names - built)
+            planned |= names
+    assert built == planned, f"built for {backend}, planned on no profile: {sorted(built - planned)}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_plans_respect_the_launch_limits(profile):
+    device = PROFILES[profile]
+    for dtype in V.DTYPES:
+        for problem in _witness_problems(dtype):
+            the_plan = plan_backward(problem, device)
+            for launch in the_plan.launches:
+                assert 1 <= launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
+                assert 1 <= launch.grid <= device.max_grid_x
+                if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is sure
+                    assert launch.min_grid <= device.multiprocessors
+            if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
+                lanes, slots, vec = (the_plan.notes[k] for k in ("lanes", "slots", "vec"))
+                assert lanes * slots * vec >= problem.cols  # the row fits what the lanes hold
+
+
+def test_every_row_rule_says_why():
+    assert [r.name for r in ROW_RULES][-1] == "a row split across blocks, two passes"
+    assert all(r.why for r in ROW_RULES)
+
+
+GOLDEN = [  # shape -> regime on an H100: one or two a rule
+    ("float32", (2097152, 32), "a warp a row", "g8_s1"),
+    ("float32", (65536, 1024), "a warp a row", "g32_s8"),
+    ("float32", (8192, 8192), "a block a row", "g256_s8"),
+    ("bfloat16", (4096, 128256), "a row split across blocks", "cached"),
+    ("float32", (1, 10**8), "a row split across blocks", "partials"),
+]
+
+
+@pytest.mark.parametrize("dtype, shape, regime, kernel_part", GOLDEN)
+def test_golden_regimes(dtype, shape, regime, kernel_part):
+    the_plan = plan_backward(GradRowProblem(dtype, "softmax", *shape), PROFILES["h100"])
+    assert the_plan.regime == regime and kernel_part in the_plan.launches[0].kernel
+
+
+# ---- the public API on the host ----------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_cpu_backend_every_axis(rng, dtype, op):
+    fn = ps.softmax_backward if op == "softmax" else ps.log_softmax_backward
+    for shape in [(7,), (3, 5), (4, 1, 6), (2, 3, 4, 5)]:
+        for axis in range(-len(shape), len(shape)):
+            y = forward_output(rng, shape, axis, op, dtype)
+            dy = rng.standard_normal(shape).astype(y.dtype)
+            got = fn(dy, y, axis)
+            assert got.dtype == y.dtype and got.shape == shape
+            assert_gradient(got, dy, y, axis, op, f"{dtype} {shape} axis {axis}")
+
+
+@pytest.mark.parametrize("backend", ["emu32", "emu64"])
+def test_the_api_runs_the_emulated_kernels(library, rng, backend):
+    for shape, axis in [((9, 130), 1), ((3, 12000), -1), ((50, 6), 0), ((2, 3, 40), 1)]:
+        for op, fn in (("softmax", ps.softmax_backward), ("log_softmax", ps.log_softmax_backward)):
+            y = forward_output(rng, shape, axis, op, "float32")
+            dy = rng.standard_normal(shape).astype(np.float32)
+            with ps.use_backend(backend):
+                got = fn(dy, y, axis)
+            assert_gradient(got, dy, y, axis, op, f"{backend} {shape} axis {axis}")
+
+
+def test_out_views_and_lists(rng):
+    y = forward_output(rng, (6, 10), 1, "softmax", "float32")
+    dy = rng.standard_normal((6, 10)).astype(np.float32)
+    out = np.full((6, 10), np.nan, np.float32)
+    assert ps.softmax_backward(dy, y, out=out) is out
+    assert_gradient(out, dy, y, 1, "softmax", "out=")
+    assert_gradient(ps.softmax_backward(dy[:, ::2], y[:, ::2] / y[:, ::2].sum(1, keepdims=True)),
+                    dy[:, ::2], y[:, ::2] / y[:, ::2].sum(1, keepdims=True), 1, "softmax", "strided views")
+    got = ps.softmax_backward(dy.tolist(), y.tolist())
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64
+    assert ps.softmax_backward(np.float32(1.0), np.float32(1.0)) == 0.0
+    assert ps.log_softmax_backward(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)).shape == (0, 3)
+
+
+def test_bad_input_names_what_was_wrong():
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match=r"one shape; got dy \(2, 3\) and y \(3, 2\)"):
+        ps.softmax_backward(a, a.T.copy())
+    with pytest.raises(TypeError, match="one dtype; got dy float32 and y float64"):
+        ps.softmax_backward(a, a.astype(np.float64))
+    with pytest.raises(TypeError, match="Supported dtypes: float32, float16, bfloat16, float64"):
+        ps.softmax_backward(a.astype(np.int32), a.astype(np.int32))
+    with pytest.raises(IndexError, match="axis 2 is out of bounds"):
+        ps.log_softmax_backward(a, a, 2)
+    with pytest.raises(ValueError, match="out has shape"):
+        ps.softmax_backward(a, a, out=np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="out has dtype"):
+        ps.softmax_backward(a, a, out=np.zeros((2, 3), np.float64))
+
+
+# ---- torch's autograd --------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_autograd_takes_the_package_gradient(monkeypatch, op):
+    torch = pytest.importorskip("torch")
+    from portable_softmax import _torch_op
+
+    calls = []
+    real = _torch_op._gradient
+    monkeypatch.setattr(_torch_op, "_gradient", lambda *a: calls.append(a[3]) or real(*a))
+    f = ps.softmax if op == "softmax" else ps.log_softmax
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    f(x, 1).sin().sum().backward()
+    assert calls == [op]
+    x_ref = x.detach().clone().requires_grad_()
+    (torch.softmax if op == "softmax" else torch.log_softmax)(x_ref, 1).sin().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_gradcheck_gradgradcheck_func_and_compile(op):
+    torch = pytest.importorskip("torch")
+    f = ps.softmax if op == "softmax" else ps.log_softmax
+    ref = torch.softmax if op == "softmax" else torch.log_softmax
+    x = torch.randn(4, 3, 5, dtype=torch.float64, requires_grad=True)
+    for axis in (0, 1, 2):
+        assert torch.autograd.gradcheck(lambda a, axis=axis: f(a, axis), (x,))
+        assert torch.autograd.gradgradcheck(lambda a, axis=axis: f(a, axis), (x,))
+    want = torch.func.grad(lambda a: ref(a, 1).sin().sum())(x.detach())
+    torch.testing.assert_close(torch.func.grad(lambda a: f(a, 1).sin().sum())(x.detach()), want)
+    batched = torch.func.vmap(torch.func.grad(lambda a: f(a, 0).sin().sum()))(x.detach())
+    torch.testing.assert_close(batched, torch.func.vmap(torch.func.grad(lambda a: ref(a, 0).sin().sum()))(x.detach()))
+    compiled = torch.compile(lambda a: f(a, 1).sin().sum(), fullgraph=True)
+    xc = x.detach().clone().requires_grad_()
+    compiled(xc).backward()
+    torch.testing.assert_close(xc.grad, want)
+
+
+def test_torch_safe_log_softmax_rows_of_all_neg_inf_get_zero_gradient():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([[-float("inf")] * 3, [1.0, 2.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    ps.log_softmax(x, 1, safe=True).sum().backward()
+    assert (x.grad[0] == 0).all() and torch.isfinite(x.grad).all()
+    y = torch.tensor([[-float("inf")] * 3], dtype=torch.float32)
+    assert (ps.log_softmax_backward(torch.ones(1, 3), y) == 0).all()
