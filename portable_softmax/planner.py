@@ -1,9 +1,12 @@
 """The dispatch planner: a pure function from (problem, device limits, Tuning) to launches.
 
 A plan takes one of five regimes (REGIMES; docs/design.md says what each is for): short rows,
-a warp a row, a block a row, a row split across blocks, a strided axis. Nothing here touches a
-GPU, so every decision is unit-tested against device profiles (an NVIDIA H100, an AMD MI300X at
-warp 64, an RDNA3 card at warp 32).
+a warp a row, a block a row, a row split across blocks, a strided axis. The planner is two
+ordered tables of rules, ROW_RULES and STRIDED_RULES (each rule: a name, why it exists, when it
+takes a problem, the plan it builds): the first rule that takes a problem builds its plan, and its
+kernels are named once, at the end (Kernel, KERNEL_NAMES). Its numbers are a Tuning, passed in.
+Nothing here touches a GPU, so every decision is unit-tested against device profiles (an NVIDIA
+H100, an AMD MI300X at warp 64, an RDNA3 card at warp 32).
 
 >>> from portable_softmax.planner import DeviceProfile, RowProblem, plan
 >>> h100 = DeviceProfile.h100()
@@ -15,8 +18,8 @@ warp 64, an RDNA3 card at warp 32).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from math import ceil, lcm
 
 from . import _variants as V
@@ -154,6 +157,64 @@ class Plan:
             offsets[name] = total
             total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
         return total, offsets
+
+
+#: kernel family -> the name of its entry point for the family's parameters (a Kernel's)
+KERNEL_NAMES: dict[str, Callable[..., str]] = {
+    "packed": V.packed_name, "staged": V.staged_name, "staged_group": V.staged_group_name,
+    "staged_warp": V.staged_warp_name, "warp": lambda variant: variant.name, "block": V.block_name,
+    "block_registers": V.block_registers_name, "cached": V.split_cached_name,
+    "cached_registers": V.split_cached_registers_name, "split_partials": V.split_partials_name,
+    "split_normalize": V.split_normalize_name, "strided": V.strided_name, "strided_thread": V.strided_thread_name,
+    "strided_cached": V.strided_cached_name,
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel as a rule picks it: its family (a key of KERNEL_NAMES) and the parameters that pick
+    one entry point of it; named once a plan is chosen.
+
+    >>> Kernel("block", ("float32", "softmax", 32, 4)).name
+    'ps_block_f32_softmax_w32_v4'
+    """
+
+    family: str
+    params: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return KERNEL_NAMES[self.family](*self.params)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A launch as a rule builds it: Launch's fields, with its kernel not yet named."""
+
+    kernel: Kernel
+    grid: int
+    block: int
+    shared_mem: int
+    args: tuple[tuple[str, int | str], ...]
+    cooperative: bool = False
+    min_grid: int = 1
+    cut_to_one_wave: bool = True
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A plan as a rule builds it, its launches' kernels not yet named (resolve names them)."""
+
+    tier: str
+    steps: tuple[Step, ...]
+    scratch: tuple[tuple[str, int], ...] = ()
+    notes: dict = field(default_factory=dict, compare=False)
+    scratch_zeroed: bool = True
+
+    def resolve(self) -> Plan:
+        launches = tuple(Launch(s.kernel.name, s.grid, s.block, s.shared_mem, s.args, s.cooperative, s.min_grid,
+                                s.cut_to_one_wave) for s in self.steps)
+        return Plan(self.tier, launches, self.scratch, self.notes, self.scratch_zeroed)
 
 
 class SizeMap(dict):
@@ -368,6 +429,14 @@ class Tuning:
     strided_thread_min_inner: int = 32
     strided_thread_threads: int = 256
 
+    def __post_init__(self) -> None:
+        # dicts and lists given to replace() become SizeMaps and tuples, so a Tuning stays hashable
+        for name, value in vars(self).items():
+            if isinstance(value, dict) and not isinstance(value, SizeMap):
+                object.__setattr__(self, name, SizeMap(value))
+            elif isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
 
 #: every device without asynchronous copies (AMD, NVIDIA before sm_80, the emulation)
 DEFAULT_TUNING = Tuning()
@@ -482,7 +551,7 @@ def _warp_variant(t: Tuning, p: RowProblem, device: DeviceProfile, vec: int, slo
     return None
 
 
-def _plan_staged(t: Tuning, p: RowProblem, device: DeviceProfile, blocks_per_sm: float | None = None) -> Plan | None:
+def _plan_staged(t: Tuning, p: RowProblem, device: DeviceProfile, blocks_per_sm: float | None = None) -> Draft | None:
     """Contiguous short rows read and written as one span of aligned vectors, or None.
 
     Rows whose input and output are both contiguous and share their misalignment qualify
@@ -505,7 +574,7 @@ def _plan_staged(t: Tuning, p: RowProblem, device: DeviceProfile, blocks_per_sm:
     threads = max(device.warp_size, t.staged_threads if short else t.staged_threads_long_rows)
     rounds = max(1, round(t.staged_bytes_per_thread / row_bytes))  # rows a thread takes per step
     tile_rows = min(p.rows, threads * rounds, _rows_fitting(p, device, vec) // threads * threads)
-    return _staged_plan(t, p, device, "staged", V.staged_name(p.dtype, p.op), threads, tile_rows, vec,
+    return _staged_plan(t, p, device, "staged", Kernel("staged", (p.dtype, p.op)), threads, tile_rows, vec,
                         blocks_per_sm=blocks_per_sm)
 
 
@@ -548,7 +617,7 @@ def _one_row_a_warp(t: Tuning, p: RowProblem, device: DeviceProfile, vec: int, s
 def _one_row_groups(t: Tuning, p: RowProblem, device: DeviceProfile, variant: V.WarpVariant,
                     small: bool) -> V.WarpVariant:
     """`variant`, or its twin taking one row a step (t.small_input_one_row_group_waves); `small`: the
-    small-input rules keep these rows off the staged tiers (_plan_rows' `unstaged`)."""
+    small-input rules keep these rows off the staged tiers (_Rows.unstaged)."""
     warp = device.warp_size
     within_waves = ceil(p.rows * variant.lanes / warp) <= t.small_input_one_row_group_waves * _resident_warps(device)
     if variant.batch == 1 or not (exact_group(t, p, warp) or (small and within_waves)):
@@ -595,12 +664,12 @@ def _group_rows_unstaged(t: Tuning, p: RowProblem, device: DeviceProfile) -> boo
     return 0 < lanes < device.warp_size
 
 
-def _under_tiles(staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
+def _under_tiles(staged: Draft, p: RowProblem, device: DeviceProfile, least: float) -> bool:
     """Whether this staged plan covers the rows in fewer than `least` tiles a multiprocessor."""
     return ceil(p.rows / staged.notes["tile_rows"]) < least * device.multiprocessors
 
 
-def _few_tiles(t: Tuning, staged: Plan, p: RowProblem, device: DeviceProfile, least: float) -> bool:
+def _few_tiles(t: Tuning, staged: Draft, p: RowProblem, device: DeviceProfile, least: float) -> bool:
     """Whether this staged plan covers rows longer than a 16-byte vector a lane of a warp (or the
     shorter rows of t.few_tiles_short_row_itemsizes) in fewer than `least` tiles a multiprocessor."""
     itemsize = V.DTYPES[p.dtype][2]
@@ -609,8 +678,8 @@ def _few_tiles(t: Tuning, staged: Plan, p: RowProblem, device: DeviceProfile, le
     return rows_taken and _under_tiles(staged, p, device, least)
 
 
-def _smaller_tiles(t: Tuning, tier: Callable[..., Plan | None], staged: Plan, p: RowProblem,
-                   device: DeviceProfile) -> Plan:
+def _smaller_tiles(t: Tuning, tier: Callable[..., Draft | None], staged: Draft, p: RowProblem,
+                   device: DeviceProfile) -> Draft:
     """The staged plan as it is taken: planned again by `tier` with its tiles cut for a grid of
     t.few_tiles_blocks_per_sm blocks a multiprocessor where it covers the rows in fewer than
     t.staged_min_tiles_per_sm tiles a multiprocessor (inputs of t.few_tiles_smaller_min_bytes or more)."""
@@ -620,7 +689,7 @@ def _smaller_tiles(t: Tuning, tier: Callable[..., Plan | None], staged: Plan, p:
     return tier(t, p, device, t.few_tiles_blocks_per_sm) or staged  # the same tier: it plans the rows again
 
 
-def _one_warp_gives_way(t: Tuning, staged: Plan, p: RowProblem, device: DeviceProfile, fill: float) -> bool:
+def _one_warp_gives_way(t: Tuning, staged: Draft, p: RowProblem, device: DeviceProfile, fill: float) -> bool:
     """Whether a staged plan of few tiles gives way to one warp (or lane group) a row whose slots
     the row fills to `fill` (t.staged_min_tiles_per_sm_one_warp, t.few_tiles_min_fill)."""
     return _few_tiles(t, staged, p, device, t.staged_min_tiles_per_sm_one_warp) and fill >= t.few_tiles_min_fill
@@ -668,9 +737,9 @@ def _spread_tile(t: Tuning, p: RowProblem, device: DeviceProfile, threads: int, 
     return threads, min(p.rows, threads // lanes)
 
 
-def _staged_plan(t: Tuning, p: RowProblem, device: DeviceProfile, tier: str, kernel: str, threads: int, tile_rows: int,
-                 vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False,
-                 blocks_per_sm: float | None = None) -> Plan | None:
+def _staged_plan(t: Tuning, p: RowProblem, device: DeviceProfile, tier: str, kernel: Kernel, threads: int,
+                 tile_rows: int, vec: int, lanes: int = 1, row_shift: int | None = None, interleave: bool = False,
+                 blocks_per_sm: float | None = None) -> Draft | None:
     """The launch of a staged tier taking tile_rows rows a step, `lanes` lanes a row (None where none
     fit), its tiles cut for a grid of `blocks_per_sm` (_spread_tile). `row_shift` and `interleave`
     (the group kernels' arguments): rows of 2**row_shift slots padded by a slot in the tile, or -1;
@@ -681,18 +750,18 @@ def _staged_plan(t: Tuning, p: RowProblem, device: DeviceProfile, tier: str, ker
     stride = _tile_stride(p, vec, -1 if row_shift is None else row_shift)
     shared = ceil((vec - 1 + tile_rows * stride) / vec) * vec * V.DTYPES[p.dtype][2]
     group_args = () if row_shift is None else ((I32, row_shift), (I32, int(interleave)))
-    launch = Launch(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
+    launch = Step(kernel, _work_grid(ceil(p.rows / tile_rows), device), threads, shared,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), *group_args,
                      (I32, _safe(p))),
                     cut_to_one_wave=False)
     notes = {"vec": vec, "tile_rows": tile_rows, "lanes": lanes}
     if row_shift is not None:
         notes.update(row_shift=row_shift, interleave=interleave)
-    return Plan(tier, (launch,), notes=notes)
+    return Draft(tier, (launch,), notes=notes)
 
 
 def _plan_staged_warp(t: Tuning, p: RowProblem, device: DeviceProfile,
-                      blocks_per_sm: float | None = None) -> Plan | None:
+                      blocks_per_sm: float | None = None) -> Draft | None:
     """Contiguous rows staged through shared memory a warp a row (see t.staged_warp_row_bytes), or None."""
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
@@ -702,7 +771,7 @@ def _plan_staged_warp(t: Tuning, p: RowProblem, device: DeviceProfile,
             or not _one_span(p, vec)):
         return None
     threads = max(device.warp_size, t.staged_threads)
-    return _staged_plan(t, p, device, "staged_warp", V.staged_warp_name(p.dtype, p.op, device.warp_size), threads,
+    return _staged_plan(t, p, device, "staged_warp", Kernel("staged_warp", (p.dtype, p.op, device.warp_size)), threads,
                         _group_tile_rows(p, device, vec, threads, device.warp_size,
                                          bytes_per_thread=t.staged_warp_bytes_per_thread), vec, device.warp_size,
                         blocks_per_sm=blocks_per_sm)
@@ -750,7 +819,7 @@ def staged_bank_ways(t: Tuning, p: RowProblem, lanes: int, stride: int | None = 
 
 
 def _plan_staged_groups(t: Tuning, p: RowProblem, device: DeviceProfile,
-                        blocks_per_sm: float | None = None) -> Plan | None:
+                        blocks_per_sm: float | None = None) -> Draft | None:
     """Contiguous rows staged through shared memory a group of lanes a row (see t.staged_groups), or None."""
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
@@ -770,7 +839,7 @@ def _plan_staged_groups(t: Tuning, p: RowProblem, device: DeviceProfile,
 
 
 def _plan_groups_at(t: Tuning, p: RowProblem, device: DeviceProfile, vec: int, row_shift: int,
-                    blocks_per_sm: float | None = None) -> Plan | None:
+                    blocks_per_sm: float | None = None) -> Draft | None:
     """The staged group plan with the fewest lanes that qualify, for rows padded by a slot in the
     tile where row_shift >= 0, or None."""
     itemsize = V.DTYPES[p.dtype][2]
@@ -793,12 +862,12 @@ def _plan_groups_at(t: Tuning, p: RowProblem, device: DeviceProfile, vec: int, r
                 tile_rows = smaller
         if interleave is None or tile_rows == 0:  # banks shared, or a row a group does not fit
             continue
-        return _staged_plan(t, p, device, "staged_group", V.staged_group_name(p.dtype, p.op, lanes), threads,
+        return _staged_plan(t, p, device, "staged_group", Kernel("staged_group", (p.dtype, p.op, lanes)), threads,
                             tile_rows, vec, lanes, row_shift, interleave, blocks_per_sm)
     return None
 
 
-def _plan_packed(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan | None:
+def _plan_packed(t: Tuning, p: RowProblem, device: DeviceProfile) -> Draft | None:
     """Contiguous rows of a few elements (V.packed_cols), whole rows inside a thread's vectors, or None.
 
     The input and output must be contiguous with the same misalignment, a multiple of the row
@@ -843,10 +912,10 @@ def _plan_packed(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan | None
         threads = _spread_threads(device, threads, groups / (depth * rounds * wanted))
         tile = tile // block * threads
         blocks = ceil(groups / (threads * depth * rounds))
-    launch = Launch(V.packed_name(p.dtype, p.op, p.cols), _work_grid(blocks, device), threads, stages * tile,
+    launch = Step(Kernel("packed", (p.dtype, p.op, p.cols)), _work_grid(blocks, device), threads, stages * tile,
                     (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I32, _safe(p)), (I32, stages)),
                     cut_to_one_wave=False)
-    return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth, "stages": stages})
+    return Draft("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth, "stages": stages})
 
 
 def _small_input_block_warps(t: Tuning, slots: int, warp: int) -> int:
@@ -905,29 +974,14 @@ def _safe(p) -> int:
 def default_tuning(device: DeviceProfile) -> Tuning:
     """The Tuning of the device's family: NVIDIA with asynchronous copies (sm_80 and newer), or
     every other device (older NVIDIA, AMD, the emulation)."""
-    family = ASYNC_COPY_TUNING if has_async_copy(device) else DEFAULT_TUNING
-    overrides = {field: globals()[name] for name, field in _LEGACY_KNOBS.items() if name in globals()}
-    return replace(family, **overrides) if overrides else family
-
-
-#: Tuning fields that both families share, under their former module-level names: tests and tools
-#: that still set ``planner.NAME`` (monkeypatch) change the default Tuning through them. Deprecated:
-#: pass a Tuning to plan() instead.
-_LEGACY_KNOBS = {f.name.upper(): f.name for f in fields(Tuning)
-                 if getattr(DEFAULT_TUNING, f.name) == getattr(ASYNC_COPY_TUNING, f.name)}
-
-
-def __getattr__(name: str):
-    """The shared default of a Tuning field under its former module-level name (_LEGACY_KNOBS)."""
-    if name in _LEGACY_KNOBS:
-        return getattr(DEFAULT_TUNING, _LEGACY_KNOBS[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return ASYNC_COPY_TUNING if has_async_copy(device) else DEFAULT_TUNING
 
 
 @lru_cache(maxsize=4096)
 def plan(problem: RowProblem | StridedProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
     """Pick the kernel variant(s) and launch shapes for one problem on one device, with the
-    device family's numbers (default_tuning) or `tuning`'s."""
+    device family's numbers (default_tuning) or `tuning`'s: the first rule of ROW_RULES (or
+    STRIDED_RULES) that takes the problem builds the plan."""
     _check_common(problem.dtype, problem.op, device)
     t = default_tuning(device) if tuning is None else tuning
     if isinstance(problem, StridedProblem):
@@ -935,126 +989,230 @@ def plan(problem: RowProblem | StridedProblem, device: DeviceProfile, tuning: Tu
     return _plan_rows(t, problem, device)
 
 
-def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
-    if p.rows <= 0 or p.cols <= 0:
-        return Plan("empty", ())
-    unstaged = _unstaged(t, p) or _group_rows_unstaged(t, p, device)
-    staged = staged_tier = None  # a staged plan of few tiles: taken only where the tiers below do not qualify
-    for tier in (_plan_packed, _plan_staged_groups, _plan_staged, _plan_staged_warp):
-        if unstaged and tier is not _plan_packed:
-            continue
-        the_plan = tier(t, p, device)
-        if the_plan is not None:
-            if the_plan.tier == "packed":
-                return the_plan
-            if not _few_tiles(t, the_plan, p, device, t.staged_min_tiles_per_sm):
-                return _smaller_tiles(t, tier, the_plan, p, device)
-            staged, staged_tier = the_plan, tier
-            break
+@dataclass(frozen=True)
+class Rule:
+    """A row of a planner table: its name, why it exists, when it takes a problem (given the
+    problem's _Rows or _Axis), and the plan it then builds."""
 
-    def staged_taken() -> Plan:
-        """The staged plan of few tiles, as it is taken where no tier below takes its rows."""
-        return _smaller_tiles(t, staged_tier, staged, p, device)
-    warp = device.warp_size
-    vec = register_vec(t, p, warp)
-    slots = slots_needed(p, vec)
-    xs, ys = p.strides()
-    row_args = (("ptr", "x"), ("ptr", "y"), (I64, p.rows), (I64, p.cols), (I64, xs), (I64, ys))
-    itemsize = V.DTYPES[p.dtype][2]
-    notes = {"vec": vec, "slots": slots}
+    name: str
+    why: str
+    when: Callable[..., bool]
+    build: Callable[..., Draft]
 
-    variant = _warp_variant(t, p, device, vec, slots)
-    if variant is not None and staged is not None:
-        # the fill test: lanes of two or more 16-byte vectors (scalar slots and one vector a lane pass)
-        warp_slots = variant.lanes * variant.slots if vec > 1 and variant.slots > 1 else slots
-        if not (_whole_slot_rows(t, p, vec) and _one_warp_gives_way(t, staged, p, device, slots / warp_slots)):
-            return staged_taken()
-    if variant is not None:
-        variant = _one_row_groups(t, p, device, _one_row_a_warp(t, p, device, vec, slots, variant), unstaged)
-        threads = max(V.WARP_TIER_THREADS, 2 * warp)
-        batch = variant.batch
-        wanted = _spread_blocks(t, device)
-        if wanted and ceil(p.rows / (threads // variant.lanes * batch)) < wanted:
-            # fewer warps a block, so that a small input's rows spread over more multiprocessors
-            threads = _spread_threads(device, threads, ceil(p.rows / (wanted * batch)) * variant.lanes)
-        rows_per_block = threads // variant.lanes * batch
-        launch = Launch(variant.name, _work_grid(ceil(p.rows / rows_per_block), device), threads, 0,
-                        row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
-        return Plan("warp", (launch,), notes=notes)
 
-    cache_bytes = slots * vec * itemsize
-    compute_bytes = _compute_bytes(p.dtype)
-    # The block reduction's static scratch, and what the runtime reserves per block, sit beside the cache.
-    static_bytes = 2 * (1024 // warp) * compute_bytes + 1024
-    # A block may take a share of a multiprocessor's shared memory, so that several blocks
-    # overlap one's reduction with the others' loads.
-    block_budget = min(device.shared_mem_per_block_optin,
-                       device.shared_mem_per_multiprocessor // t.block_tier_sm_share) - static_bytes
-    few_rows = p.rows < device.multiprocessors
+def first_rule(rules: tuple[Rule, ...], problem: _Rows | _Axis) -> Rule:
+    """The first of `rules` that takes `problem`: the one whose plan it gets."""
+    return next(rule for rule in rules if rule.when(problem))
 
-    def block_plan() -> Plan:
+
+def rule_for(problem: RowProblem | StridedProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Rule:
+    """The rule (of ROW_RULES or STRIDED_RULES) whose plan `problem` gets on `device`.
+
+    >>> rule_for(RowProblem("float32", "softmax", 4096, 1000), DeviceProfile.h100()).name
+    'warp'
+    """
+    _check_common(problem.dtype, problem.op, device)
+    t = default_tuning(device) if tuning is None else tuning
+    if isinstance(problem, StridedProblem):
+        return first_rule(STRIDED_RULES, _Axis(t, problem, device))
+    return first_rule(ROW_RULES, _Rows(t, problem, device))
+
+
+class _Rows:
+    """A row problem on a device under a Tuning, and what the rules ask of it, each worked out when
+    first asked (a rule that does not apply never pays for a later rule's figures)."""
+
+    def __init__(self, t: Tuning, p: RowProblem, device: DeviceProfile) -> None:
+        self.t, self.p, self.device = t, p, device
+        self.warp = device.warp_size
+        self.itemsize = V.DTYPES[p.dtype][2]
+
+    def notes(self) -> dict:
+        return {"vec": self.vec, "slots": self.slots}
+
+    # -- short rows ------------------------------------------------------------------------------
+    @cached_property
+    def unstaged(self) -> bool:
+        """Whether the small-input rules keep these rows off the staged tiers."""
+        return _unstaged(self.t, self.p) or _group_rows_unstaged(self.t, self.p, self.device)
+
+    @cached_property
+    def packed(self) -> Draft | None:
+        return _plan_packed(self.t, self.p, self.device)
+
+    @cached_property
+    def staged(self) -> tuple[Callable[..., Draft | None], Draft] | None:
+        """The first staged tier that takes the rows, and its plan (None where the small-input rules
+        keep them off, or none does)."""
+        if self.unstaged:
+            return None
+        for tier in (_plan_staged_groups, _plan_staged, _plan_staged_warp):
+            the_plan = tier(self.t, self.p, self.device)
+            if the_plan is not None:
+                return tier, the_plan
+        return None
+
+    @cached_property
+    def few_tiles(self) -> Draft | None:
+        """The staged plan where it covers the rows in few tiles (t.staged_min_tiles_per_sm), else None."""
+        if self.staged is None or not _few_tiles(self.t, self.staged[1], self.p, self.device,
+                                                 self.t.staged_min_tiles_per_sm):
+            return None
+        return self.staged[1]
+
+    def staged_taken(self) -> Draft:
+        """The staged plan as it is taken (its tiles cut smaller where few, _smaller_tiles)."""
+        tier, the_plan = self.staged
+        return _smaller_tiles(self.t, tier, the_plan, self.p, self.device)
+
+    # -- a warp a row ----------------------------------------------------------------------------
+    @cached_property
+    def vec(self) -> int:
+        return register_vec(self.t, self.p, self.warp)
+
+    @cached_property
+    def slots(self) -> int:
+        return slots_needed(self.p, self.vec)
+
+    @cached_property
+    def row_args(self) -> tuple:
+        xs, ys = self.p.strides()
+        return (("ptr", "x"), ("ptr", "y"), (I64, self.p.rows), (I64, self.p.cols), (I64, xs), (I64, ys))
+
+    @cached_property
+    def variant(self) -> V.WarpVariant | None:
+        """The register tier's variant holding the rows (None where none does)."""
+        return _warp_variant(self.t, self.p, self.device, self.vec, self.slots)
+
+    def warp_beats_few_tiles(self) -> bool:
+        """Whether the register tier takes rows that a staged plan covers in few tiles: rows read in
+        whole slots that fill the variant's lanes (of two or more 16-byte vectors; scalar slots and
+        one vector a lane pass) well enough (_one_warp_gives_way)."""
+        v, vec, slots = self.variant, self.vec, self.slots
+        warp_slots = v.lanes * v.slots if vec > 1 and v.slots > 1 else slots
+        return _whole_slot_rows(self.t, self.p, vec) and _one_warp_gives_way(self.t, self.few_tiles, self.p,
+                                                                             self.device, slots / warp_slots)
+
+    # -- a block a row ---------------------------------------------------------------------------
+    @cached_property
+    def cache_bytes(self) -> int:
+        return self.slots * self.vec * self.itemsize
+
+    @cached_property
+    def compute_bytes(self) -> int:
+        return _compute_bytes(self.p.dtype)
+
+    @cached_property
+    def static_bytes(self) -> int:
+        """The block reduction's static scratch, and what the runtime reserves per block, beside the cache."""
+        return 2 * (1024 // self.warp) * self.compute_bytes + 1024
+
+    @cached_property
+    def few_rows(self) -> bool:
+        return self.p.rows < self.device.multiprocessors
+
+    def block_fits(self) -> bool:
+        """Whether a row fits the shared memory a block may take: a share of a multiprocessor's
+        (t.block_tier_sm_share), so that several blocks overlap one's reduction with the others'
+        loads; few rows of very many slots are split instead."""
+        budget = min(self.device.shared_mem_per_block_optin,
+                     self.device.shared_mem_per_multiprocessor // self.t.block_tier_sm_share) - self.static_bytes
+        return self.cache_bytes <= budget and not (self.few_rows and self.slots > 4 * self.device.max_threads_per_block)
+
+    def block_beats_few_tiles(self) -> bool:
+        """Whether the block tier takes rows that a staged plan covers in few tiles: any block of
+        more than one warp, and a one-warp block that its row fills well enough."""
+        warp, slots = self.warp, self.slots
+        return self.block.steps[0].block != warp or _one_warp_gives_way(
+            self.t, self.few_tiles, self.p, self.device, slots / (warp * ceil(slots / warp)))
+
+    @cached_property
+    def block(self) -> Draft:
         """A block a row, its threads streaming t.block_tier_slots_per_thread slots each (for few rows,
         t.block_tier_few_rows_slots_per_thread; small inputs, _small_input_block_warps), within
         t.block_tier_min_warps and t.block_tier_max_threads."""
-        per_thread = t.block_tier_few_rows_slots_per_thread if few_rows else t.block_tier_slots_per_thread
+        t, p, device, warp, slots = self.t, self.p, self.device, self.warp, self.slots
+        per_thread = t.block_tier_few_rows_slots_per_thread if self.few_rows else t.block_tier_slots_per_thread
         warps = ceil(slots / per_thread / warp)
-        small_bytes = t.small_input_block_bytes_by_itemsize.get(itemsize, t.small_input_block_bytes)
-        if not few_rows and (staged is not None or p.rows * p.cols * itemsize < small_bytes):
+        small_bytes = t.small_input_block_bytes_by_itemsize.get(self.itemsize, t.small_input_block_bytes)
+        if not self.few_rows and (self.few_tiles is not None or p.rows * p.cols * self.itemsize < small_bytes):
             warps = _small_input_block_warps(t, slots, warp)
         threads = min(device.max_threads_per_block, t.block_tier_max_threads, max(t.block_tier_min_warps, warps) * warp)
-        launch = Launch(V.block_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads, cache_bytes,
-                        row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
-        return Plan("block", (launch,), notes=notes)
+        launch = Step(Kernel("block", (p.dtype, p.op, warp, self.vec)), _work_grid(p.rows, device), threads,
+                      self.cache_bytes, self.row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+        return Draft("block", (launch,), notes=self.notes())
 
-    if cache_bytes <= block_budget and not (few_rows and slots > 4 * device.max_threads_per_block):
-        the_plan = block_plan()
-        threads = the_plan.launches[0].block
-        if staged is not None and threads == warp and not _one_warp_gives_way(t,
-                staged, p, device, slots / (warp * ceil(slots / warp))):
-            return staged_taken()
-        return the_plan
-    if staged is not None:
-        return staged_taken()
+    @cached_property
+    def waves_alone(self) -> bool:
+        """Whether the rows make t.block_alone_min_waves waves of blocks alone on their multiprocessors."""
+        return self.p.rows >= self.t.block_alone_min_waves * self.device.multiprocessors
 
-    def registers_plan(threads: int) -> Plan | None:
+    def block_alone_fits(self) -> bool:
+        """Whether a block alone on its multiprocessor holds a row in its shared memory (with
+        asynchronous copies, t.block_tier_whole_sm, where the rows make waves of such blocks)."""
+        return (self.t.block_tier_whole_sm and has_async_copy(self.device) and not self.few_rows and self.waves_alone
+                and self.cache_bytes + self.static_bytes <= self.device.shared_mem_per_block_optin)
+
+    def registers(self, threads: int) -> Draft | None:
         """A block a row of `threads` threads, the row's first t.row_register_slots slots a thread in
         registers and the rest in shared memory, where as many such blocks as the launch bound's
         registers keep on a multiprocessor (t.row_registers_threads / threads) hold it there (None
         elsewhere)."""
+        t, p, device, slots, vec, static_bytes = self.t, self.p, self.device, self.slots, self.vec, self.static_bytes
         blocks_per_multiprocessor = t.row_registers_threads // threads
-        if not (t.row_registers and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device) and not few_rows
-                and device.max_threads_per_block >= t.row_registers_threads):
+        if not (t.row_registers and p.dtype in V.BLOCK_REGISTERS_DTYPES and has_async_copy(device)
+                and not self.few_rows and device.max_threads_per_block >= t.row_registers_threads):
             return None
         held = min(t.row_register_slots * threads, slots - 1)  # the last slot: in the cache
-        shared = (slots - held) * vec * itemsize
+        shared = (slots - held) * vec * self.itemsize
         if (shared + static_bytes > device.shared_mem_per_block_optin
                 or blocks_per_multiprocessor * (shared + static_bytes) > device.shared_mem_per_multiprocessor):
             return None
-        launch = Launch(V.block_registers_name(p.dtype, p.op, warp, vec), _work_grid(p.rows, device), threads,
-                        shared, row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
-        return Plan("block_registers", (launch,), notes={**notes, "held_slots": held})
+        launch = Step(Kernel("block_registers", (p.dtype, p.op, self.warp, vec)), _work_grid(p.rows, device),
+                      threads, shared, self.row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+        return Draft("block_registers", (launch,), notes={**self.notes(), "held_slots": held})
 
-    # Rows that two blocks a multiprocessor hold with their first slots in registers (t.row_registers_paired).
-    paired = registers_plan(t.row_registers_threads // 2) if t.row_registers_paired else None
-    if paired is not None:
-        return paired
+    @cached_property
+    def paired(self) -> Draft | None:
+        """Rows two blocks a multiprocessor hold with their first slots in registers (t.row_registers_paired)."""
+        return self.registers(self.t.row_registers_threads // 2) if self.t.row_registers_paired else None
 
-    # A row that one block's shared memory holds: a block per row, alone on its multiprocessor (its
-    # slots, more than half a multiprocessor's shared memory holds, take t.block_tier_max_threads),
-    # where the rows make t.block_alone_min_waves waves of such blocks.
-    waves_alone = p.rows >= t.block_alone_min_waves * device.multiprocessors
-    if (t.block_tier_whole_sm and has_async_copy(device) and not few_rows and waves_alone
-            and cache_bytes + static_bytes <= device.shared_mem_per_block_optin):
-        return block_plan()
+    @cached_property
+    def alone(self) -> Draft | None:
+        """Rows one block of the launch bound's threads holds, alone on its multiprocessor, in waves."""
+        return self.registers(self.t.row_registers_threads) if self.waves_alone else None
 
-    # Longer rows that one block holds in its shared memory and its threads' registers: a block a
-    # row alone on its multiprocessor, the row's first slots in registers (as many waves).
-    alone = registers_plan(t.row_registers_threads) if waves_alone else None
-    if alone is not None:
-        return alone
+    # -- a row split across blocks ---------------------------------------------------------------
+    @cached_property
+    def on_chip(self) -> Draft | None:
+        return _on_chip_split(self)
 
-    # On chip: chunks on co-resident blocks, at most one chunk of a row per multiprocessor (one
-    # resident block per multiprocessor is always possible).
+
+def _warp_plan(r: _Rows) -> Draft:
+    """The register tier: r.variant, or its twin taking one row a warp or a step (small inputs), in
+    blocks that shrink so that a small input spreads over more multiprocessors."""
+    t, p, device, warp = r.t, r.p, r.device, r.warp
+    variant = _one_row_groups(t, p, device, _one_row_a_warp(t, p, device, r.vec, r.slots, r.variant), r.unstaged)
+    threads = max(V.WARP_TIER_THREADS, 2 * warp)
+    batch = variant.batch
+    wanted = _spread_blocks(t, device)
+    if wanted and ceil(p.rows / (threads // variant.lanes * batch)) < wanted:
+        # fewer warps a block, so that a small input's rows spread over more multiprocessors
+        threads = _spread_threads(device, threads, ceil(p.rows / (wanted * batch)) * variant.lanes)
+    rows_per_block = threads // variant.lanes * batch
+    launch = Step(Kernel("warp", (variant,)), _work_grid(ceil(p.rows / rows_per_block), device), threads, 0,
+                  r.row_args + ((I32, _safe(p)),), cut_to_one_wave=False)
+    return Draft("warp", (launch,), notes=r.notes())
+
+
+def _on_chip_split(r: _Rows) -> Draft | None:
+    """Chunks of each row on co-resident blocks, at most one chunk of a row per multiprocessor (one
+    resident block per multiprocessor is always possible), merged through global memory; with
+    asynchronous copies each chunk's first slots in registers (t.split_registers). None where a row
+    takes more chunks than multiprocessors."""
+    t, p, device, warp, vec, slots, itemsize = r.t, r.p, r.device, r.warp, r.vec, r.slots, r.itemsize
+    static_bytes, few_rows = r.static_bytes, r.few_rows
+    notes = r.notes()
     held_config = t.split_registers.get(itemsize) if p.dtype in V.BLOCK_REGISTERS_DTYPES else None
     fills_the_grid = False  # the held form's chunks, as long as they can be, fill its resident grid
     if held_config is not None:
@@ -1067,63 +1225,103 @@ def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
             and device.max_threads_per_block >= t.split_registers_threads):
         threads = t.split_registers_threads
         held, chunk_cap = held_slots * threads, held_cap
-        kernel = V.split_cached_registers_name(p.dtype, p.op, warp, vec, held_slots, per_multiprocessor)
+        kernel = Kernel("cached_registers", (p.dtype, p.op, warp, vec, held_slots, per_multiprocessor))
     else:
         wanted = t.cached_threads_by_itemsize.get(itemsize, t.cached_threads)
         threads, chunk_cap = _on_chip_chunk(t, device, static_bytes, vec, itemsize, wanted)
         held, per_multiprocessor = 0, None
-        kernel = V.split_cached_name(p.dtype, p.op, warp, vec)
+        kernel = Kernel("cached", (p.dtype, p.op, warp, vec))
     chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap),
                  min(ceil(t.split_min_chunks_per_sm * device.multiprocessors / p.rows), ceil(slots / threads)))
-    if chunks <= device.multiprocessors:
-        unit = _chunk_unit(t, vec, itemsize)
+    if chunks > device.multiprocessors:
+        return None
+    unit = _chunk_unit(t, vec, itemsize)
 
-        def chunk_bytes(chunk_slots: int) -> int:
-            """Shared memory of a chunk: its first `held` slots are in registers."""
-            return max(0, chunk_slots - held) * vec * itemsize
+    def chunk_bytes(chunk_slots: int) -> int:
+        """Shared memory of a chunk: its first `held` slots are in registers."""
+        return max(0, chunk_slots - held) * vec * itemsize
 
-        chunk_slots, chunks = _split_evenly(slots, chunks, unit)
-        grid = _cooperative_grid(device, threads, chunk_bytes(chunk_slots) + static_bytes, p.rows, chunks,
-                                 per_multiprocessor)
-        rounds = p.rows / (grid // chunks)
-        if itemsize in t.split_even_rounds_itemsizes and 1 < rounds <= t.split_even_rounds_most:
-            # rounds of as many rows each, in the same grid: more and smaller chunks
-            even = ceil(p.rows / ceil(rounds))
-            if grid // even > chunks:
-                chunk_slots, chunks = _split_evenly(slots, grid // even, unit)
-                grid = even * chunks
-        shared = chunk_bytes(chunk_slots)
-        if held:
-            notes.update(held_slots=held)
-        launch = Launch(kernel, grid, threads, shared,
-                        (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
-                         (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
-                        cooperative=True, min_grid=chunks)
-        notes.update(chunks=chunks, chunk_slots=chunk_slots)
-        return Plan("cached", (launch,), scratch=(("partials", 2 * p.rows * chunks * compute_bytes),
-                                                  ("arrivals", 4 * p.rows)), notes=notes)
+    chunk_slots, chunks = _split_evenly(slots, chunks, unit)
+    grid = _cooperative_grid(device, threads, chunk_bytes(chunk_slots) + static_bytes, p.rows, chunks,
+                             per_multiprocessor)
+    rounds = p.rows / (grid // chunks)
+    if itemsize in t.split_even_rounds_itemsizes and 1 < rounds <= t.split_even_rounds_most:
+        # rounds of as many rows each, in the same grid: more and smaller chunks
+        even = ceil(p.rows / ceil(rounds))
+        if grid // even > chunks:
+            chunk_slots, chunks = _split_evenly(slots, grid // even, unit)
+            grid = even * chunks
+    if held:
+        notes.update(held_slots=held)
+    xs, ys = p.strides()
+    launch = Step(kernel, grid, threads, chunk_bytes(chunk_slots),
+                  (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), (I64, p.rows),
+                   (I64, p.cols), (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))),
+                  cooperative=True, min_grid=chunks)
+    notes.update(chunks=chunks, chunk_slots=chunk_slots)
+    return Draft("cached", (launch,), scratch=(("partials", 2 * p.rows * chunks * r.compute_bytes),
+                                               ("arrivals", 4 * p.rows)), notes=notes)
 
-    # Rows too long to keep on chip: stream them twice, in enough chunks for several full
-    # waves of resident blocks (a last wave half full would idle half the device).
+
+def _two_pass_split(r: _Rows) -> Draft:
+    """Rows too long to keep on chip, streamed twice (partials, then normalize), in enough chunks
+    for several full waves of resident blocks (a last wave half full would idle half the device)."""
+    t, p, device, vec, slots = r.t, r.p, r.device, r.vec, r.slots
     threads = min(device.max_threads_per_block, 512)
     resident = device.multiprocessors * max(1, device.max_threads_per_multiprocessor // threads)
     min_chunk = 4 * threads  # each thread streams at least four slots per chunk
     max_chunk = 64 * threads
     chunks = max(ceil(slots / max_chunk), ceil(4 * resident / p.rows))
     chunks = max(1, min(chunks, ceil(slots / min_chunk)))
-    chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(t, vec, itemsize))
+    chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(t, vec, r.itemsize))
     jobs = p.rows * chunks
     grid = _grid(jobs, device, 4)
-    partials = Launch(V.split_partials_name(p.dtype, warp, vec), grid, threads, 0,
-                      (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
-                       (I64, chunk_slots), (I64, chunks)))
-    normalize = Launch(V.split_normalize_name(p.dtype, p.op, warp, vec), grid, threads, 0,
-                       (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
-                        (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
-    notes.update(chunks=chunks, chunk_slots=chunk_slots)
-    return Plan("split", (partials, normalize), scratch=(("partials", 2 * jobs * compute_bytes),), notes=notes,
-                scratch_zeroed=False)
+    xs, ys = p.strides()
+    partials = Step(Kernel("split_partials", (p.dtype, r.warp, vec)), grid, threads, 0,
+                    (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
+                     (I64, chunk_slots), (I64, chunks)))
+    normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0,
+                     (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
+                      (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
+    return Draft("split", (partials, normalize), scratch=(("partials", 2 * jobs * r.compute_bytes),),
+                 notes={**r.notes(), "chunks": chunks, "chunk_slots": chunk_slots}, scratch_zeroed=False)
+
+
+#: The planner for rows, in order: the first rule that takes a problem builds its plan. Later rules
+#: see only what the earlier ones left: after "warp", no register variant holds the rows, or a
+#: staged plan of few tiles fills better; past "staged_few_tiles", neither a staged plan nor a
+#: register variant exists.
+ROW_RULES: tuple[Rule, ...] = (
+    Rule("empty", "no rows, or rows of no elements: nothing to launch",
+         lambda r: r.p.rows <= 0 or r.p.cols <= 0, lambda r: Draft("empty", ())),
+    Rule("packed", "rows of a few elements: whole rows inside each thread's vectors, no lanes to combine",
+         lambda r: r.packed is not None, lambda r: r.packed),
+    Rule("staged", "short contiguous rows: a block copies their span in aligned vectors, a thread (or lanes) a row",
+         lambda r: r.staged is not None and r.few_tiles is None, _Rows.staged_taken),
+    Rule("warp", "rows a warp's registers hold, several to a warp where short: one read, shuffles only",
+         lambda r: r.variant is not None and (r.few_tiles is None or r.warp_beats_few_tiles()), _warp_plan),
+    Rule("block", "rows a share of a multiprocessor's shared memory holds: a block a row, one read",
+         lambda r: r.variant is None and r.block_fits() and (r.few_tiles is None or r.block_beats_few_tiles()),
+         lambda r: r.block),
+    Rule("staged_few_tiles", "a staged plan of few tiles still beats what the tiers below would make of its rows",
+         lambda r: r.few_tiles is not None, _Rows.staged_taken),
+    Rule("block_registers_paired", "rows two blocks a multiprocessor hold, their first slots in registers",
+         lambda r: r.paired is not None, lambda r: r.paired),
+    Rule("block_alone", "rows a block's whole shared memory holds: a block alone on its multiprocessor waits on none",
+         _Rows.block_alone_fits, lambda r: r.block),
+    Rule("block_registers_alone", "rows a block holds in shared memory and registers, alone on its multiprocessor",
+         lambda r: r.alone is not None, lambda r: r.alone),
+    Rule("cached", "rows past a block: chunks on co-resident blocks, merged through global memory, one read",
+         lambda r: r.on_chip is not None, lambda r: r.on_chip),
+    Rule("split", "rows too long to keep on chip: partials, then normalize, two reads",
+         lambda r: True, _two_pass_split),
+)
+
+
+def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
+    rows = _Rows(t, p, device)
+    return first_rule(ROW_RULES, rows).build(rows).resolve()
 
 
 def _sm_version(device: DeviceProfile) -> int:
@@ -1143,24 +1341,51 @@ def _view_args(p: StridedProblem) -> tuple:
             *((I64, s) for s in p.y_strides))
 
 
-def _plan_strided(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
-    lines = p.outer * p.inner
-    if lines <= 0 or p.cols <= 0:
-        return Plan("empty", ())
-    cached = _plan_strided_cached(t, p, device)
-    if cached is not None:
-        return cached
-    if p.cols <= t.strided_thread_short_cols or (
-            p.cols <= t.strided_thread_max_cols and p.inner >= t.strided_thread_min_inner):
-        return _plan_strided_thread(t, p, device)
-    # A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
-    # the rest of the block splits the reduced axis into column groups.
+class _Axis:
+    """A strided problem on a device under a Tuning, as the strided rules ask of it."""
+
+    def __init__(self, t: Tuning, p: StridedProblem, device: DeviceProfile) -> None:
+        self.t, self.p, self.device = t, p, device
+
+    @cached_property
+    def cached(self) -> Draft | None:
+        return _plan_strided_cached(self.t, self.p, self.device)
+
+    def short(self) -> bool:
+        """Axes of up to t.strided_thread_short_cols rows, or up to t.strided_thread_max_cols over
+        at least t.strided_thread_min_inner inner positions."""
+        t, p = self.t, self.p
+        return p.cols <= t.strided_thread_short_cols or (
+            p.cols <= t.strided_thread_max_cols and p.inner >= t.strided_thread_min_inner)
+
+
+def _plan_strided_groups(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft:
+    """A warp's worth of neighbouring inner positions per row read (fewer when inner is small);
+    the rest of the block splits the reduced axis into column groups."""
     inner_tile = min(device.warp_size, 1 << (p.inner - 1).bit_length())
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, inner_tile), (I32, _safe(p)))
-    launch = Launch(V.strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
-    return Plan("strided", (launch,), notes={"inner_tile": inner_tile})
+    launch = Step(Kernel("strided", (p.dtype, p.op)), _grid(tiles, device, 8), threads, 0, args)
+    return Draft("strided", (launch,), notes={"inner_tile": inner_tile})
+
+
+#: The planner for a strided (non-last) axis, in order: the first rule that takes a problem builds its plan.
+STRIDED_RULES: tuple[Rule, ...] = (
+    Rule("empty", "no lines, or lines of no elements: nothing to launch",
+         lambda a: a.p.outer * a.p.inner <= 0 or a.p.cols <= 0, lambda a: Draft("empty", ())),
+    Rule("strided_cached", "axes whose tiles fill a block's shared memory: chunks on co-resident blocks, one read",
+         lambda a: a.cached is not None, lambda a: a.cached),
+    Rule("strided_thread", "short axes: a thread per 16 bytes of inner positions, no reduction across threads",
+         _Axis.short, lambda a: _plan_strided_thread(a.t, a.p, a.device)),
+    Rule("strided", "other axes: a warp of inner positions a read, column groups across the block",
+         lambda a: True, lambda a: _plan_strided_groups(a.t, a.p, a.device)),
+)
+
+
+def _plan_strided(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
+    axis = _Axis(t, p, device)
+    return first_rule(STRIDED_RULES, axis).build(axis).resolve()
 
 
 def _widest_aligned(p: StridedProblem, widths) -> int:
@@ -1182,20 +1407,20 @@ def strided_vec(t: Tuning, p: StridedProblem) -> int:
     return _widest_aligned(p, V.strided_vector_widths(p.dtype))
 
 
-def _plan_strided_thread(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
+def _plan_strided_thread(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft:
     vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
     lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
     if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
         lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
     lines = p.outer * ceil(p.inner / vec)
     args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, _safe(p)))
-    launch = Launch(V.strided_thread_name(p.dtype, p.op, vec, lines_a_thread),
-                    _work_grid(ceil(lines / (t.strided_thread_threads * lines_a_thread)), device),
-                    t.strided_thread_threads, 0, args)
-    return Plan("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread})
+    launch = Step(Kernel("strided_thread", (p.dtype, p.op, vec, lines_a_thread)),
+                  _work_grid(ceil(lines / (t.strided_thread_threads * lines_a_thread)), device),
+                  t.strided_thread_threads, 0, args)
+    return Draft("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread})
 
 
-def _plan_strided_cached(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan | None:
+def _plan_strided_cached(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft | None:
     """The on-chip form of the strided tier (strided_cached), or None where it does not fit."""
     itemsize = V.DTYPES[p.dtype][2]
     compute_bytes = _compute_bytes(p.dtype)
@@ -1225,8 +1450,8 @@ def _plan_strided_cached(t: Tuning, p: StridedProblem, device: DeviceProfile) ->
     grid = _cooperative_grid(device, threads, shared + static_bytes, tiles, chunks)
     args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), *_view_args(p),
             (I32, inner_tile), (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))
-    launch = Launch(V.strided_cached_name(p.dtype, p.op, vec), grid, threads, shared, args,
-                    cooperative=True, min_grid=chunks)
-    return Plan("strided_cached", (launch,),
-                scratch=(("partials", 2 * tiles * chunks * width * compute_bytes), ("arrivals", 4 * tiles)),
-                notes={"inner_tile": inner_tile, "vec": vec, "chunks": chunks, "chunk_cols": chunk_cols})
+    launch = Step(Kernel("strided_cached", (p.dtype, p.op, vec)), grid, threads, shared, args,
+                  cooperative=True, min_grid=chunks)
+    return Draft("strided_cached", (launch,),
+                 scratch=(("partials", 2 * tiles * chunks * width * compute_bytes), ("arrivals", 4 * tiles)),
+                 notes={"inner_tile": inner_tile, "vec": vec, "chunks": chunks, "chunk_cols": chunk_cols})

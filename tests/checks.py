@@ -1,32 +1,46 @@
-"""Comparison with the float64 reference, and shapes that straddle the planner's tiers."""
+"""Comparison with the float64 reference, shapes that straddle the planner's tiers, and the Tunings tests plan with."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax._tolerance import ATOL, RTOL, ULP_BOUND, outside  # noqa: F401  (the package's bounds)
-from portable_softmax.planner import DeviceProfile, RowProblem, plan
+from portable_softmax.planner import DEFAULT_TUNING, DeviceProfile, RowProblem, Tuning, default_tuning, plan
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 OPS = ("softmax", "log_softmax")
 
 
-#: the planner's small-input rules as committed, and the few-tiles rule that extends them (tests of the
-#: tiers larger inputs take turn them off)
-SMALL_INPUT_RULES = {name: getattr(planner, name)
-                     for name in ("SMALL_INPUT_BLOCKS_PER_SM", "SMALL_INPUT_UNSTAGED_BYTES", "SMALL_INPUT_GROUP_BYTES",
-                                  "SMALL_INPUT_BLOCK_BYTES", "SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE",
-                                  "STAGED_MIN_TILES_PER_SM",
-                                  "STAGED_MIN_TILES_PER_SM_ONE_WARP", "FEW_TILES_BLOCKS_PER_SM",
-                                  "SMALL_INPUT_ONE_ROW_A_WARP_WAVES", "SMALL_INPUT_ONE_ROW_GROUP_WAVES")}
+#: the Tuning fields of the planner's small-input rules and of the few-tiles rule that extends them,
+#: each off (0, or no entries): tests of the tiers that larger inputs take plan without them
+SMALL_INPUT_OFF = {name: type(getattr(DEFAULT_TUNING, name))()
+                   for name in ("small_input_blocks_per_sm", "small_input_unstaged_bytes", "small_input_group_bytes",
+                                "small_input_block_bytes", "small_input_block_bytes_by_itemsize",
+                                "staged_min_tiles_per_sm", "staged_min_tiles_per_sm_one_warp",
+                                "few_tiles_blocks_per_sm", "small_input_one_row_a_warp_waves",
+                                "small_input_one_row_group_waves")}
 
 
-def set_small_input_rules(monkeypatch, on: bool) -> None:
-    """The planner's small-input rules as committed (on) or off, its cached plans dropped."""
-    for name, value in SMALL_INPUT_RULES.items():
-        monkeypatch.setattr(planner, name, value if on else type(value)())  # off: 0, or no entries
+def without_small_input_rules(tuning: Tuning) -> Tuning:
+    """`tuning` with the small-input rules off (SMALL_INPUT_OFF)."""
+    return replace(tuning, **SMALL_INPUT_OFF)
+
+
+def large_input_tuning(device: DeviceProfile) -> Tuning:
+    """The device's Tuning without the small-input rules."""
+    return without_small_input_rules(default_tuning(device))
+
+
+def tune_defaults(monkeypatch, **changes) -> None:
+    """For the rest of the test, plan with `changes` to each device's Tuning wherever no Tuning is
+    passed (the API's calls), on top of earlier calls' changes; cached plans are dropped here and
+    after every test (conftest)."""
+    before = planner.default_tuning
+    monkeypatch.setattr(planner, "default_tuning", lambda device: replace(before(device), **changes))
     plan.cache_clear()
 
 

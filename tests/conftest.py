@@ -8,7 +8,7 @@ import secrets
 
 import numpy as np
 import pytest
-from checks import set_small_input_rules
+from checks import SMALL_INPUT_OFF, tune_defaults
 
 import portable_softmax as ps
 from portable_softmax import _probe, api
@@ -80,9 +80,14 @@ def rng(request):
 
 @pytest.fixture
 def large_input_rules(monkeypatch):
-    """The planner without its small-input rules, for tests that plan a few rows to check the tiers
-    that larger inputs take (a test may turn the rules on again: checks.set_small_input_rules)."""
-    set_small_input_rules(monkeypatch, False)
+    """The planner without its small-input rules wherever no Tuning is passed (the API's calls too),
+    for tests that run a few rows through the tiers that larger inputs take."""
+    tune_defaults(monkeypatch, **SMALL_INPUT_OFF)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Plans cached under a test's Tuning changes (checks.tune_defaults) do not outlive it."""
     yield
     plan.cache_clear()
 

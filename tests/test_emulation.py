@@ -14,7 +14,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
-from checks import set_small_input_rules
+from checks import tune_defaults, without_small_input_rules
 from emulation import CompilerUnavailable, EmulatedRuntime, EmulationError, EmulationLibrary, load_library
 from emulation.build import SRC_CUDA
 
@@ -23,7 +23,7 @@ from portable_softmax import planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax.api import problem_for, run_host_array
 from portable_softmax.layout import describe, normalize_axis
-from portable_softmax.planner import STRIDED_CACHED_THREADS, STRIDED_VECTOR_ITEMSIZES, RowProblem, default_tuning, plan
+from portable_softmax.planner import DEFAULT_TUNING, RowProblem, default_tuning, plan
 
 WARPS = V.WARP_SIZES
 ATOL, RTOL = 1e-6, 1e-5
@@ -398,8 +398,8 @@ def test_every_packed_row_length(request, monkeypatch, rng, dtype, copies):
     that the first group is partial), 1000 rows (the last group partial too), with and without
     asynchronous copies. The planner's floor on the grid of long groups is lifted: 1000 rows are
     a few blocks."""
-    monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
-    monkeypatch.setattr(planner, "PACKED_WIDE_MIN_GROUPS_PER_SM", 0)
+    tune_defaults(monkeypatch, packed_large_groups_min_blocks_per_sm=0)
+    tune_defaults(monkeypatch, packed_wide_min_groups_per_sm=0)
     plan.cache_clear()
     request.addfinalizer(plan.cache_clear)
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
@@ -429,11 +429,11 @@ def test_packed_blocks_of_two_tiles_over_several_rounds(async_library, async_pla
     several rounds a block: blocks of 32 threads taking 3 rounds each, the last block's last round
     partial, the span starting on a vector and one row into it. The same kernels with one tile
     (stages = 1, the next round copied after a round's stores) on a grid of one block, too."""
-    monkeypatch.setattr(planner, "PACKED_THREADS", 32)
-    monkeypatch.setattr(planner, "PACKED_WIDE_GROUP_THREADS", 32)
-    monkeypatch.setattr(planner, "PACKED_ROUNDS", 3)
-    monkeypatch.setattr(planner, "PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM", 0)
-    monkeypatch.setattr(planner, "PACKED_WIDE_MIN_GROUPS_PER_SM", 0)
+    tune_defaults(monkeypatch, packed_threads=32)
+    tune_defaults(monkeypatch, packed_wide_group_threads=32)
+    tune_defaults(monkeypatch, packed_rounds=3)
+    tune_defaults(monkeypatch, packed_large_groups_min_blocks_per_sm=0)
+    tune_defaults(monkeypatch, packed_wide_min_groups_per_sm=0)
     runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=48 * 1024,
                               shared_mem_per_block_optin=96 * 1024, shared_mem_per_multiprocessor=128 * 1024)
     long_groups = [c for c in V.packed_cols(dtype) if np.lcm(c, V.vector_widths(dtype)[1]) > 32]
@@ -577,11 +577,11 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
     multiprocessor (ROW_REGISTERS_PAIRED), not the planner's 1024 and 512: the kernel holds
     kRowRegisterSlots a thread at any block size, and every emulated thread keeps a fiber stack
     mapped per host thread."""
-    monkeypatch.setattr(planner, "ROW_REGISTERS_THREADS", 256)
-    monkeypatch.setattr(planner, "BLOCK_ALONE_MIN_WAVES", 1)  # 7 rows on the emulated 4 multiprocessors
+    tune_defaults(monkeypatch, row_registers_threads=256)
+    tune_defaults(monkeypatch, block_alone_min_waves=1)  # 7 rows on the emulated 4 multiprocessors
     block_sizes = set()
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
-    capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS
+    capacity = DEFAULT_TUNING.row_register_slots * 256  # slots a block of the threads set above holds in registers
     vec = 16 // V.DTYPES[dtype][2]
     for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(library, warp, max_grid_x=3)
@@ -614,8 +614,8 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
     are loaded while a row is stored. Last, with chunk boundaries on
     multiples of 1024 slots (CHUNK_ALIGN_BYTES raised), rows whose last chunk ends inside the held
     slots: the row's partial tail slot in registers, and no cache part."""
-    monkeypatch.setattr(planner, "ROW_REGISTERS", False)
-    monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", False)
+    tune_defaults(monkeypatch, row_registers=False)
+    tune_defaults(monkeypatch, block_tier_whole_sm=False)
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     itemsize = V.DTYPES[dtype][2]
     vec = 16 // itemsize
@@ -640,10 +640,10 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
                              f"{x.shape} offsets {x_offset}, {y_offset} {what} {the_plan.notes}")
 
     for held, blocks in configs:
-        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {itemsize: (held, blocks)})
-        monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 256)
+        tune_defaults(monkeypatch, split_registers={itemsize: (held, blocks)})
+        tune_defaults(monkeypatch, chunk_align_bytes=256)
         plan.cache_clear()
-        held_slots = held * planner.SPLIT_REGISTERS_THREADS
+        held_slots = held * DEFAULT_TUNING.split_registers_threads
         for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(library, warp)
             probe = plan(RowProblem(dtype, "softmax", 64, 4 * held_slots * vec), runtime.profile(0))
@@ -659,7 +659,7 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
             longer = shortest + chunk_slots // 2  # its last chunk ends in a different place
             for cols in (shortest, longer):
                 check(runtime, cols, f"held {held} blocks {blocks}", ((1, 0), (0, 1)))
-        monkeypatch.setattr(planner, "CHUNK_ALIGN_BYTES", 1024 * 16)
+        tune_defaults(monkeypatch, chunk_align_bytes=1024 * 16)
         plan.cache_clear()
         for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(library, warp)
@@ -682,12 +682,12 @@ def test_on_chip_split_of_values_far_from_zero(async_library, async_planner, mon
     rounding is 0.001-0.02 (outputs 1-3 ulps off unless the sum takes it out again); rows past 2^20,
     which take exp(x - m) instead; and rows of ordinary values beside them. Both forms of the split
     (chunks partly in registers, and wholly in shared memory), at warp 32."""
-    monkeypatch.setattr(planner, "ROW_REGISTERS", False)
-    monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", False)
+    tune_defaults(monkeypatch, row_registers=False)
+    tune_defaults(monkeypatch, block_tier_whole_sm=False)
     # the largest value's log2(e) multiple rounds by 0.0039 (float16) and -0.020 (bfloat16) in float32
     large, spacing = {"float16": (49888.0, 32.0), "bfloat16": (598016.0, 4096.0)}[dtype]
     for held in (True, False):
-        monkeypatch.setattr(planner, "SPLIT_REGISTERS", planner.SPLIT_REGISTERS if held else {})
+        tune_defaults(monkeypatch, split_registers=DEFAULT_TUNING.split_registers if held else {})
         plan.cache_clear()
         for warp in ASYNC_COPY_WARPS:
             runtime = EmulatedRuntime(async_library, warp)
@@ -727,15 +727,15 @@ SMALL_INPUTS = {"float32": ((500, 5), (1000, 13), (4000, 1), (999, 4), (64, 64),
 @pytest.mark.parametrize("copies", ["sync", "async"])
 @pytest.mark.parametrize("dtype", SMALL_INPUTS)
 def test_small_inputs_under_the_small_input_rules(request, monkeypatch, rng, dtype, copies):
-    """The plans of the small-input rules (planner.SMALL_INPUT_*) at warps 32 and 64, with and
+    """The plans of the small-input rules (Tuning.small_input_*) at warps 32 and 64, with and
     without asynchronous copies: each input's plan differs from the one without the rules, and
     every output matches the reference."""
     library = request.getfixturevalue("library" if copies == "sync" else "async_library")
     monkeypatch.setattr(planner, "has_async_copy", lambda device: copies == "async")
 
     def plan_with(rules: bool, problem: RowProblem, device):
-        set_small_input_rules(monkeypatch, rules)
-        return plan(problem, device)
+        committed = default_tuning(device)  # the family's, as has_async_copy says above
+        return plan(problem, device, committed if rules else without_small_input_rules(committed))
 
     for warp in V.WARP_SIZES:
         runtime = EmulatedRuntime(library, warp)
@@ -765,7 +765,7 @@ def test_staged_rows_of_the_asynchronous_planner(async_library, async_planner, m
     """The planner as it runs on NVIDIA sm_80 and newer sends these rows to the staged tier (where
     groups of lanes do not take them); 70 rows a tile, so that threads of both warps start rows at
     every word offset."""
-    monkeypatch.setattr(planner, "STAGED_GROUPS", False)
+    tune_defaults(monkeypatch, staged_groups=False)
     # a block's shared memory at least as large as an H100's default
     runtime = EmulatedRuntime(async_library, 32, shared_mem_per_block=64 * 1024,
                               shared_mem_per_block_optin=64 * 1024, shared_mem_per_multiprocessor=128 * 1024)
@@ -787,8 +787,8 @@ def test_staged_warp_rows_of_the_asynchronous_planner(async_library, async_plann
     """The staged tier with a warp a row, at warp 32, as the sm_80+ planner sends rows to it
     (where groups of lanes, staged or the register tier's, do not take them); 37 rows, so that the
     last tile is partial and the special rows fall in the first one."""
-    monkeypatch.setattr(planner, "STAGED_GROUPS", False)
-    monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)  # bfloat16 512 columns at warp 64
+    tune_defaults(monkeypatch, staged_groups=False)
+    tune_defaults(monkeypatch, exact_group_min_lanes=1 << 30)  # bfloat16 512 columns at warp 64
     for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
@@ -817,16 +817,16 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
     none while the others shuffle."""
     # this group size and order wherever a row a group fits, whatever its banks
     monkeypatch.setattr(V, "STAGED_GROUP_LANES", (lanes,))
-    monkeypatch.setattr(planner, "STAGED_GROUP_ORDERS", (interleave,))
-    monkeypatch.setattr(planner, "STAGED_GROUP_MIN_WORDS", 0)
-    monkeypatch.setattr(planner, "STAGED_GROUP_MAX_WAYS", 32)
-    monkeypatch.setattr(planner, "STAGED_GROUP_TILE_BYTES", 1 << 20)
-    monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)  # rows the register tier's groups fill too
+    tune_defaults(monkeypatch, staged_group_orders=(interleave,))
+    tune_defaults(monkeypatch, staged_group_min_words=0)
+    tune_defaults(monkeypatch, staged_group_max_ways=32)
+    tune_defaults(monkeypatch, staged_group_tile_bytes=1 << 20)
+    tune_defaults(monkeypatch, exact_group_min_lanes=1 << 30)  # rows the register tier's groups fill too
     for warp in ASYNC_COPY_WARPS:
         runtime = EmulatedRuntime(async_library, warp, shared_mem_per_block=48 * 1024,
                                   shared_mem_per_block_optin=48 * 1024, shared_mem_per_multiprocessor=128 * 1024)
         for cols in STAGED_GROUP_ROWS[dtype]:
-            if planner.STAGED_THREADS // lanes * (cols * V.DTYPES[dtype][2] + 16) > 48 * 1024 - 32:
+            if DEFAULT_TUNING.staged_threads // lanes * (cols * V.DTYPES[dtype][2] + 16) > 48 * 1024 - 32:
                 continue  # a row a group does not fit a tile: other tiers take these rows
             x = _inputs(rng, (37, cols), dtype)
             vec = V.vector_widths(dtype)[1]
@@ -840,8 +840,8 @@ def test_staged_group_rows_of_the_asynchronous_planner(async_library, async_plan
                 if power_of_two:  # the same rows in a tile padded by a slot a row
                     problem = RowProblem(dtype, op, 37, cols, safe=safe)
                     device = runtime.profile(0)
-                    padded = planner._plan_groups_at(default_tuning(device), problem, device, vec,
-                                                     row_slots.bit_length() - 1)
+                    padded = planner._plan_groups_at(planner.default_tuning(device), problem, device, vec,
+                                                     row_slots.bit_length() - 1).resolve()
                     assert padded.notes["row_shift"] >= 0 and (padded.notes["lanes"], padded.notes["interleave"]) == (
                         lanes, interleave)
                     got = runtime.run_plan(x, padded)
@@ -895,11 +895,11 @@ def test_non_last_axis_cached_on_chip_with_vectors_and_without(request, rng, dty
                     the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), runtime.profile(0))
                     assert the_plan.tier == "strided_cached", (warp, positions, n, the_plan.tier)
                     widths.add(the_plan.notes["vec"])
-                    many_chunks |= the_plan.notes["chunks"] > STRIDED_CACHED_THREADS // (
+                    many_chunks |= the_plan.notes["chunks"] > DEFAULT_TUNING.strided_cached_threads // (
                         the_plan.notes["inner_tile"] * the_plan.notes["vec"])
                     got = runtime.run_plan(reduced, the_plan)
                     assert_close(got, reduced, 1, op, safe, f"warp {warp} {dtype} {op} safe={safe} {reduced.shape}")
-        vectors = V.DTYPES[dtype][2] in STRIDED_VECTOR_ITEMSIZES
+        vectors = V.DTYPES[dtype][2] in DEFAULT_TUNING.strided_vector_itemsizes
         assert widths == ({1, V.strided_vector_widths(dtype)[1]} if vectors else {1})
         assert many_chunks
 

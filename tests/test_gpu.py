@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from checks import DTYPES, assert_matches, mismatches, random_input
+from checks import DTYPES, assert_matches, mismatches, random_input, tune_defaults
 
 import portable_softmax as ps
 from portable_softmax import _probe
@@ -536,10 +536,10 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     held = tier == "cached_registers"
     tier = "cached" if held else tier
     if not held:
-        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {})
-    monkeypatch.setattr(planner, "BLOCK_TIER_WHOLE_SM", tier == "block")
-    monkeypatch.setattr(planner, "ROW_REGISTERS", tier == "block_registers")
-    monkeypatch.setattr(planner, "BLOCK_ALONE_MIN_WAVES", 0)  # blocks alone at any number of rows
+        tune_defaults(monkeypatch, split_registers={})
+    tune_defaults(monkeypatch, block_tier_whole_sm=tier == "block")
+    tune_defaults(monkeypatch, row_registers=tier == "block_registers")
+    tune_defaults(monkeypatch, block_alone_min_waves=0)  # blocks alone at any number of rows
     planner.plan.cache_clear()
     api._prepared.clear()
     rows = 600 if held else 400  # three rounds of the grid: the held chunks are larger, so more blocks a round
@@ -558,7 +558,8 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             assert the_plan.tier == tier, (name, the_plan)
             if tier == "block_registers":  # 40001 and 80001 columns: two blocks a multiprocessor
                 paired = cols in (40001, 80001)
-                assert step.block == planner.ROW_REGISTERS_THREADS // (2 if paired else 1), (name, the_plan)
+                threads = planner.DEFAULT_TUNING.row_registers_threads
+                assert step.block == threads // (2 if paired else 1), (name, the_plan)
             if tier == "cached":
                 assert ("held_slots" in the_plan.notes) == held, (name, the_plan)
                 grid = rt.resident_grid(rt.function(0, dtype, step.kernel, step.shared_mem), step, 0)
@@ -583,17 +584,17 @@ def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
     if held and not planner.has_async_copy(device):
         pytest.skip(f"{device.arch} has no asynchronous copies: the split holds no slots in registers")
     if not held:
-        monkeypatch.setattr(planner, "SPLIT_REGISTERS", {})
+        tune_defaults(monkeypatch, split_registers={})
     planner.plan.cache_clear()
     api._prepared.clear()
-    cols, committed = 50257, planner.SPLIT_EVEN_ROUNDS_MOST
+    cols, committed = 50257, planner.DEFAULT_TUNING.split_even_rounds_most
     try:
         # the rows a round of the grid takes without the rule
-        monkeypatch.setattr(planner, "SPLIT_EVEN_ROUNDS_MOST", 0.0)
+        tune_defaults(monkeypatch, split_even_rounds_most=0.0)
         planner.plan.cache_clear()
         probe = planner.plan(planner.RowProblem("float32", "softmax", 2 * device.multiprocessors, cols), device)
         rows = probe.launches[0].grid // probe.notes["chunks"] * 3 // 2  # a round and a half of rows
-        monkeypatch.setattr(planner, "SPLIT_EVEN_ROUNDS_MOST", committed)
+        tune_defaults(monkeypatch, split_even_rounds_most=committed)
         planner.plan.cache_clear()
         host = random_input(rng, (rows, cols), "float32")
         host[0, cols // 2] = np.nan
@@ -625,7 +626,7 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
     that a few thousand rows do): a group of lanes a row, in tiles padded by a slot a row where rows
     are a power-of-two number of 16-byte slots, or a thread a row; a partial last tile, with NaN,
     +inf and -inf rows."""
-    from checks import set_small_input_rules
+    from checks import SMALL_INPUT_OFF
 
     from portable_softmax import api, planner
 
@@ -633,8 +634,8 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
     rt = _probe.runtime("cuda")
     if tier == "staged_group" and not planner.has_async_copy(rt.profile(0)):
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: no staged groups")
-    set_small_input_rules(monkeypatch, False)
-    monkeypatch.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
+    tune_defaults(monkeypatch, **SMALL_INPUT_OFF)
+    tune_defaults(monkeypatch, exact_group_min_lanes=1 << 30)
     api._prepared.clear()
     host = random_input(rng, (3001, cols), "float32")
     host[0, cols // 2] = np.nan

@@ -8,24 +8,21 @@ from dataclasses import replace
 from math import ceil, lcm
 
 import pytest
-from checks import SMALL_INPUT_RULES, set_small_input_rules
+from checks import SMALL_INPUT_OFF, large_input_tuning
 
 from portable_softmax import _variants as V
 from portable_softmax import planner
 from portable_softmax.layout import Rows, Strided, describe
 from portable_softmax.planner import (
-    CHUNK_ALIGN_BYTES,
     DEFAULT_TUNING,
     I32,
     SCRATCH_ALIGN,
-    STAGED_WARP_ITEMSIZES,
-    STRIDED_THREAD_MAX_COLS,
-    STRIDED_THREAD_SHORT_COLS,
     DeviceProfile,
     Plan,
     PlanError,
     RowProblem,
     StridedProblem,
+    Tuning,
     default_tuning,
     has_async_copy,
     plan,
@@ -37,8 +34,14 @@ COLS = (1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 1024, 1025, 2047
 ROWS = (1, 7, 128, 100000, 1 << 22)
 
 
-#: most tests here plan a few rows to check the tiers that larger inputs take
-pytestmark = pytest.mark.usefixtures("large_input_rules")
+#: the planner's numbers that both Tuning families share (the fields tests here read)
+T = DEFAULT_TUNING
+
+
+def plan_large(problem: RowProblem | StridedProblem, device: DeviceProfile, **changes) -> Plan:
+    """The plan under the device's Tuning without the small-input rules (checks.SMALL_INPUT_OFF), its
+    fields `changes` replaced: most tests here plan a few rows to check the tiers that larger inputs take."""
+    return plan(problem, device, replace(default_tuning(device), **{**SMALL_INPUT_OFF, **changes}))
 
 
 def _compiled_names(dtype: str, warp: int) -> set[str]:
@@ -48,15 +51,14 @@ def _compiled_names(dtype: str, warp: int) -> set[str]:
 @pytest.mark.parametrize("small_input_rules", [False, True], ids=["large-input-rules", "small-input-rules"])
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", V.DTYPES)
-def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, device, dtype, small_input_rules):
-    if small_input_rules:
-        set_small_input_rules(monkeypatch, True)
+def test_every_plan_fits_the_device_and_names_a_compiled_kernel(device, dtype, small_input_rules):
+    planned = plan if small_input_rules else plan_large
     names = _compiled_names(dtype, device.warp_size)
     tiers, held_tiers = set(), set()
     for rows, cols, op, misalign in itertools.product(ROWS, COLS, V.OPS, (0, 1)):
         if rows * cols > 1 << 40:
             continue
-        p = plan(RowProblem(dtype, op, rows, cols, x_misalign=misalign, y_misalign=misalign), device)
+        p = planned(RowProblem(dtype, op, rows, cols, x_misalign=misalign, y_misalign=misalign), device)
         tiers.add(p.tier)
         for launch in p.launches:
             assert launch.kernel in names, launch.kernel
@@ -84,18 +86,18 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
         if p.tier == "block_registers":  # registers and shared memory hold the row, the last slot in the latter
             (launch,) = p.launches
             held, slots, vec = p.notes["held_slots"], p.notes["slots"], p.notes["vec"]
-            assert held == min(planner.ROW_REGISTER_SLOTS * launch.block, slots - 1)
+            assert held == min(T.row_register_slots * launch.block, slots - 1)
             assert launch.grid == min(rows, device.max_grid_x)
             assert launch.shared_mem == (slots - held) * vec * V.DTYPES[dtype][2]
             assert launch.shared_mem + static <= device.shared_mem_per_block_optin
             # half the launch bound's threads where two such blocks share a multiprocessor, else all
             # (the static scratch of each block, and the 1 KiB the runtime reserves, beside the cache)
-            half = planner.ROW_REGISTERS_THREADS // 2
-            half_cache = (slots - min(planner.ROW_REGISTER_SLOTS * half, slots - 1)) * vec * V.DTYPES[dtype][2]
+            half = T.row_registers_threads // 2
+            half_cache = (slots - min(T.row_register_slots * half, slots - 1)) * vec * V.DTYPES[dtype][2]
             if launch.block == half:
                 assert 2 * launch.shared_mem < device.shared_mem_per_multiprocessor
             else:
-                assert launch.block == planner.ROW_REGISTERS_THREADS
+                assert launch.block == T.row_registers_threads
                 assert 2 * (half_cache + static + 1024) > device.shared_mem_per_multiprocessor
         if p.tier in ("split", "cached"):
             assert p.notes["chunks"] * p.notes["chunk_slots"] >= p.notes["slots"]
@@ -107,11 +109,11 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             assert dict(p.scratch)["arrivals"] == 4 * rows
             if "held_slots" in p.notes:  # each chunk's first slots in registers, the rest in shared memory
                 itemsize, vec = V.DTYPES[dtype][2], p.notes["vec"]
-                held_slots, blocks = planner.SPLIT_REGISTERS[itemsize]
+                held_slots, blocks = T.split_registers[itemsize]
                 assert has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES
                 assert launch.kernel == V.split_cached_registers_name(dtype, op, device.warp_size, vec, held_slots,
                                                                       blocks)
-                assert launch.block == planner.SPLIT_REGISTERS_THREADS <= V.LAUNCH_BOUND_THREADS["cached_registers"]
+                assert launch.block == T.split_registers_threads <= V.LAUNCH_BOUND_THREADS["cached_registers"]
                 assert p.notes["held_slots"] == held_slots * launch.block
                 assert launch.shared_mem == max(0, p.notes["chunk_slots"] - p.notes["held_slots"]) * vec * itemsize
                 assert launch.grid <= blocks * device.multiprocessors, "more blocks than the registers keep resident"
@@ -122,49 +124,43 @@ def test_every_plan_fits_the_device_and_names_a_compiled_kernel(monkeypatch, dev
             assert all(start % SCRATCH_ALIGN == 0 for start, _ in spans) and spans[-1][1] <= total
             assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     expected = {"staged", "warp", "block", "cached", "split"} | ({"packed"} if V.packed_cols(dtype) else set())
-    if has_async_copy(device) and V.DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
+    if has_async_copy(device) and V.DTYPES[dtype][2] in T.staged_warp_itemsizes:
         expected.add("staged_warp")
-    if has_async_copy(device) and V.DTYPES[dtype][2] in planner.STAGED_GROUP_MAX_ROW_BYTES:
+    if has_async_copy(device) and V.DTYPES[dtype][2] in T.staged_group_max_row_bytes:
         expected.add("staged_group")
     if has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES:
         expected.add("block_registers")
     assert tiers == expected
     held = (has_async_copy(device) and dtype in V.BLOCK_REGISTERS_DTYPES
-            and V.DTYPES[dtype][2] in planner.SPLIT_REGISTERS)
+            and V.DTYPES[dtype][2] in T.split_registers)
     assert held_tiers == ({"cached_registers"} if held else set())
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_tiny_rows_pack_several_rows_per_warp(device):
-    p = plan(RowProblem("float32", "softmax", 4096, 8, x_stride=12, y_stride=12), device)
+    p = plan_large(RowProblem("float32", "softmax", 4096, 8, x_stride=12, y_stride=12), device)
     assert p.tier == "warp" and "_l2_s1_v4" in p.launches[0].kernel  # 2 lanes x 4 floats per row
 
 
-@pytest.fixture
-def knobs(monkeypatch):
-    """monkeypatch for planner knobs: plans are cached, so none made under changed knobs outlives the test."""
-    plan.cache_clear()
-    yield monkeypatch
-    monkeypatch.undo()
-    plan.cache_clear()
-
-
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_contiguous_short_rows_are_staged_as_one_span(device, knobs):
-    knobs.setattr(planner, "STAGED_GROUPS", False)  # the tiers as they are where groups of lanes do not take rows
+def test_contiguous_short_rows_are_staged_as_one_span(device):
+    def ungrouped(problem: RowProblem, device: DeviceProfile) -> Plan:
+        """The tiers as they are where groups of lanes do not take rows."""
+        return plan_large(problem, device, staged_groups=False)
+
     for cols in (5, 7, 100):
-        p = plan(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
+        p = ungrouped(RowProblem("float16", "softmax", 1 << 20, cols, x_misalign=3, y_misalign=3), device)
         assert p.tier == "staged" and p.notes["vec"] == 8  # any common offset: 16-byte vectors
         block, tile_rows = p.launches[0].block, p.notes["tile_rows"]
         assert tile_rows % block == 0, "every thread takes whole rows of the span"
         assert block * 64 * 2 // 3 <= tile_rows * cols * 2, "about 64 bytes of the span a thread"
-    padded = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
-    mixed = plan(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
-    long = plan(RowProblem("float32", "softmax", 1 << 20, 129), device)
+    padded = ungrouped(RowProblem("float16", "softmax", 1 << 20, 7, x_stride=8, y_stride=8), device)
+    mixed = ungrouped(RowProblem("float16", "softmax", 1 << 20, 7, x_misalign=1, y_misalign=0), device)
+    long = ungrouped(RowProblem("float32", "softmax", 1 << 20, 129), device)
     assert {padded.tier, mixed.tier, long.tier} == {"warp"}
 
     def tier_of(dtype: str, cols: int) -> str:
-        the_plan = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
+        the_plan = ungrouped(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         scalar = the_plan.tier == "warp" and the_plan.launches[0].kernel.endswith("_v1")
         return "scalar" if scalar else the_plan.tier
 
@@ -212,7 +208,7 @@ def test_bank_ways_of_groups_taking_interleaved_rows():
     def ways(cols: int, lanes: int) -> int:
         return planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
 
-    assert planner.STAGED_THREADS // 32 == 4
+    assert T.staged_threads // 32 == 4
     # 255 columns: rows 4 apart are 510 words apart, 30 banks on: groups of 4 lanes on banks 0, 30,
     # 28, ..., 18, each overlapping the next by two banks (in order: 127.5 words, 8 ways)
     assert ways(255, 4) == 2
@@ -230,7 +226,7 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     rows past EXACT_GROUP_MAX_BYTES: float32 rows of 64 columns, and smaller 16-bit inputs, take the
     register tier's groups, EXACT_GROUP_MIN_LANES)."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
-        p = plan(RowProblem(dtype, "softmax", 1 << 20, cols), device)
+        p = plan_large(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
 
     if not has_async_copy(device):
@@ -250,40 +246,42 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert {chosen(dtype, c) for dtype, c in even_words} == {("staged_group", 4)}
     assert {chosen("float32", c)[0] for c in (40, 48, 61)} == {"staged"}  # 160 bytes; 4 lanes 4 ways; 61 words
     assert chosen("float16", 255) == ("staged_group", 4)  # 4 lanes: 8 ways in order, 2 interleaved
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
-    assert not plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in both
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 350), device).notes["interleave"]  # 2 ways in order, 1
+    assert plan_large(RowProblem("float16", "softmax", 1 << 20, 255), device).notes["interleave"]
+    assert not plan_large(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["interleave"]  # 2 ways in both
+    assert plan_large(RowProblem("float16", "softmax", 1 << 20, 350), device).notes["interleave"]  # 2 ways in order, 1
     assert chosen("float16", 2048)[0] == "staged_warp"  # 8 rows of 4 KiB a tile with 16 lanes
     # rows of a power-of-two number of 16-byte slots: a slot of padding after each row in the tile
-    p = plan(RowProblem("float16", "softmax", 1 << 20, 256), device)
+    p = plan_large(RowProblem("float16", "softmax", 1 << 20, 256), device)
     assert (p.tier, p.notes["lanes"], p.notes["row_shift"]) == ("staged_group", 4, 5)  # 32 slots
     assert p.launches[0].shared_mem >= p.notes["tile_rows"] * (256 + 8) * 2
     # row_shift, interleave, safe
     assert [a for a in p.launches[0].args if a[0] == "i32"] == [("i32", 5), ("i32", 0), ("i32", 0)]
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
-    misaligned = plan(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
+    assert plan_large(RowProblem("float16", "softmax", 1 << 20, 300), device).notes["row_shift"] == -1
+    misaligned = plan_large(RowProblem("float16", "softmax", 1 << 20, 256, x_misalign=2, y_misalign=2), device)
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4  # 256 bytes, padded
+    # 256 bytes, padded
+    assert plan_large(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4
     # within EXACT_GROUP_MAX_BYTES, and float32 rows of 64 columns at any size: the register tier's groups
-    assert plan(RowProblem("float16", "softmax", 1 << 16, 256), device).tier == "warp"
+    assert plan_large(RowProblem("float16", "softmax", 1 << 16, 256), device).tier == "warp"
     assert chosen("float32", 64)[0] == "warp"
     # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread where that is STAGED_GROUP_MIN_TILE_BYTES or
     # more, else (and padded) STAGED_WARP_BYTES_PER_THREAD
     def tile_rows(cols: int) -> int:
-        return plan(RowProblem("float16", "softmax", 1 << 20, cols), device).notes["tile_rows"]
+        return plan_large(RowProblem("float16", "softmax", 1 << 20, cols), device).notes["tile_rows"]
 
     assert tile_rows(218) == 32  # 16 rows of 436 bytes for 64 a thread: 32, a row a group (14 KiB)
     assert tile_rows(140) == 64  # 32 rows (9 KiB) too small: 59 rows of 128 bytes a thread, two a group
     assert tile_rows(513) == 16  # 16 lanes: 8 rows (8 KiB) too small
     assert tile_rows(128) == 64  # padded
-    assert plan(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1  # 16 lanes: 2 ways
+    # 16 lanes: 2 ways
+    assert plan_large(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1
     # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
-    assert plan(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
+    assert plan_large(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
     assert chosen("float32", 128)[0] == "warp"  # scalar slots (SCALAR_ROWS_MIN_COLS)
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
     assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
     assert chosen("float64", 50)[0] != "staged_group"
-    padded = plan(RowProblem("float16", "softmax", 1 << 20, 300, x_stride=304, y_stride=304), device)
+    padded = plan_large(RowProblem("float16", "softmax", 1 << 20, 300, x_stride=304, y_stride=304), device)
     assert padded.tier != "staged_group"  # rows that are not one span
 
 
@@ -293,7 +291,8 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     vec = V.vector_widths(dtype)[1]
     for cols in (*range(1, 9), 16, 32, 64):
         for misalign in range(0, vec, cols):  # the span starts on a row boundary within its vector
-            p = plan(RowProblem(dtype, "log_softmax", 1 << 20, cols, x_misalign=misalign, y_misalign=misalign), device)
+            problem = RowProblem(dtype, "log_softmax", 1 << 20, cols, x_misalign=misalign, y_misalign=misalign)
+            p = plan_large(problem, device)
             assert (p.tier == "packed") == (cols in V.packed_cols(dtype)), (cols, misalign, p.tier)
             if p.tier == "packed":
                 assert p.launches[0].kernel == V.packed_name(dtype, "log_softmax", cols)
@@ -310,19 +309,19 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
     for cols in V.packed_cols(dtype):
         # a row would straddle two threads' vectors: a misalignment that is not a multiple of the
         # row, padded rows, or input and output misaligned differently
-        off_row = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=1), device)
-        padded = plan(RowProblem(dtype, "softmax", 1000, cols, x_stride=cols + 1, y_stride=cols + 1), device)
-        mixed = plan(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=0), device)
+        off_row = plan_large(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=1), device)
+        padded = plan_large(RowProblem(dtype, "softmax", 1000, cols, x_stride=cols + 1, y_stride=cols + 1), device)
+        mixed = plan_large(RowProblem(dtype, "softmax", 1000, cols, x_misalign=1, y_misalign=0), device)
         assert "packed" not in {padded.tier, mixed.tier} and (off_row.tier == "packed") == (cols == 1)
         # a tile larger than the block's shared memory: another tier
         small = replace(device, shared_mem_per_block=16 * 1024, shared_mem_per_block_optin=16 * 1024)
-        packed = plan(RowProblem(dtype, "softmax", 1 << 22, cols), device)
+        packed = plan_large(RowProblem(dtype, "softmax", 1 << 22, cols), device)
         tile = packed.launches[0].shared_mem // packed.notes["stages"]
-        assert (plan(RowProblem(dtype, "softmax", 1 << 22, cols), small).tier == "packed") == (tile <= 16 * 1024)
+        assert (plan_large(RowProblem(dtype, "softmax", 1 << 22, cols), small).tier == "packed") == (tile <= 16 * 1024)
         # groups of more than 32 values (16-bit 5, 7, 9-14, 20 and 64 columns) only on a grid of at
         # least half a block a multiprocessor: 1000 rows are a few blocks, which the staged tier
         # spreads wider (the small-input rules off: test_small_inputs_...)
-        few = plan(RowProblem(dtype, "softmax", 1000, cols), device)
+        few = plan_large(RowProblem(dtype, "softmax", 1000, cols), device)
         assert (few.tier == "packed") == (packed.notes["values_per_thread"] <= 32), (cols, few.tier)
 
 
@@ -333,27 +332,26 @@ def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtyp
     packed in blocks of PACKED_WIDE_GROUP_THREADS from PACKED_WIDE_MIN_GROUPS_PER_SM groups a
     multiprocessor on, and staged below; groups of up to 64 values keep PACKED_THREADS."""
     vec = V.vector_widths(dtype)[1]
-    least = planner.PACKED_WIDE_MIN_GROUPS_PER_SM * device.multiprocessors
+    least = T.packed_wide_min_groups_per_sm * device.multiprocessors
     for cols in (9, 11, 13):
         per_group = lcm(cols, vec)
-        assert per_group > planner.PACKED_WIDENED_MOST and cols in V.packed_cols(dtype)
-        enough = plan(RowProblem(dtype, "softmax", least * per_group // cols, cols), device)
-        fewer = plan(RowProblem(dtype, "softmax", least * per_group // cols - per_group // cols, cols), device)
+        assert per_group > T.packed_widened_most and cols in V.packed_cols(dtype)
+        enough = plan_large(RowProblem(dtype, "softmax", least * per_group // cols, cols), device)
+        fewer = plan_large(RowProblem(dtype, "softmax", least * per_group // cols - per_group // cols, cols), device)
         assert (enough.tier, fewer.tier) == ("packed", "staged"), (cols, enough.tier, fewer.tier)
-        assert enough.launches[0].block == planner.PACKED_WIDE_GROUP_THREADS
+        assert enough.launches[0].block == T.packed_wide_group_threads
         assert enough.notes["values_per_thread"] == per_group
     for cols in (5, 7, 14, 20, 64):  # 40-64 values
-        p = plan(RowProblem(dtype, "softmax", 1 << 22, cols), device)
-        assert p.tier == "packed" and p.launches[0].block == planner.PACKED_THREADS, (cols, p)
+        p = plan_large(RowProblem(dtype, "softmax", 1 << 22, cols), device)
+        assert p.tier == "packed" and p.launches[0].block == T.packed_threads, (cols, p)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_reads_poorly(monkeypatch, device):
+def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_reads_poorly(device):
     """Under the small-input rules a packed grid short of SMALL_INPUT_BLOCKS_PER_SM blocks a
     multiprocessor gives each block one round (PACKED_ROUNDS where the grid is large enough), and
     the rows those rules keep off the staged tiers are packed as the register tier would take them."""
-    set_small_input_rules(monkeypatch, True)
-    wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
+    wanted = ceil(T.small_input_blocks_per_sm * device.multiprocessors)
     for cols, nbytes in ((5, 3 << 20), (7, 8 << 20), (20, 256 << 10), (20, 1 << 20), (5, 256 << 20)):
         rows = nbytes // (2 * cols)
         p = plan(RowProblem("float16", "softmax", rows, cols), device)
@@ -362,30 +360,29 @@ def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_r
         groups = ceil(rows * cols / p.notes["values_per_thread"])
         per_round = launch.block * (p.notes["values_per_thread"] // lcm(cols, 8))
         rounds = ceil(groups / (launch.grid * per_round))
-        two = p.notes["stages"] == 2 and ceil(groups / (planner.PACKED_THREADS * planner.PACKED_ROUNDS)) >= wanted
-        assert rounds == (planner.PACKED_ROUNDS if two else 1), (cols, nbytes, launch, rounds)
+        two = p.notes["stages"] == 2 and ceil(groups / (T.packed_threads * T.packed_rounds)) >= wanted
+        assert rounds == (T.packed_rounds if two else 1), (cols, nbytes, launch, rounds)
     # rows the register tier would take as scalars (16-bit 18 and 28 columns) are packed on any grid,
     # rows it takes as partial vectors (36 and 44) from PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM
     # groups a multiprocessor on, rows of whole vectors (56, 64) under the floors of larger inputs
     for cols in (18, 28):
         assert plan(RowProblem("float16", "softmax", 100, cols), device).tier == "packed", cols
-    least = planner.PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM * device.multiprocessors
+    least = T.packed_unstaged_partial_min_groups_per_sm * device.multiprocessors
     for cols in (36, 44):
         per_group = lcm(cols, 8)
         rows = least * per_group // cols
-        assert rows * cols * 2 < SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
+        assert rows * cols * 2 < T.small_input_unstaged_bytes
         enough = plan(RowProblem("float16", "softmax", rows, cols), device)
         fewer = plan(RowProblem("float16", "softmax", rows - per_group // cols, cols), device)
         assert (enough.tier, fewer.tier) == ("packed", "warp"), (cols, enough.tier, fewer.tier)
     for cols in (56, 64):  # 100 groups a multiprocessor: over the partial vectors' least, under the floor
         rows = 100 * device.multiprocessors * lcm(cols, 8) // cols
         assert least < 100 * device.multiprocessors
-        assert 100 < planner.PACKED_LARGE_GROUPS_MIN_BLOCKS_PER_SM * planner.PACKED_THREADS  # one round a block
+        assert 100 < T.packed_large_groups_min_blocks_per_sm * T.packed_threads  # one round a block
         assert plan(RowProblem("float16", "softmax", rows, cols), device).tier == "warp", cols
     # 20 and 18 columns: the small-input rules off, such a grid is left to the staged or register tier
-    set_small_input_rules(monkeypatch, False)
-    assert plan(RowProblem("float16", "softmax", (256 << 10) // 40, 20), device).tier != "packed"
-    assert plan(RowProblem("float16", "softmax", 100, 18), device).tier != "packed"
+    assert plan_large(RowProblem("float16", "softmax", (256 << 10) // 40, 20), device).tier != "packed"
+    assert plan_large(RowProblem("float16", "softmax", 100, 18), device).tier != "packed"
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -393,7 +390,7 @@ def test_tiers_of_short_lived_blocks_launch_every_block_and_cooperative_ones_one
     from portable_softmax.planner import one_wave
 
     for cols in (3, 100, 1000, 3000, 100000):
-        p = plan(RowProblem("float32", "softmax", 1 << 16, cols), device)
+        p = plan_large(RowProblem("float32", "softmax", 1 << 16, cols), device)
         for launch in p.launches:
             cut = one_wave(launch, 2, device.multiprocessors)
             if launch.cooperative:
@@ -406,8 +403,8 @@ def test_tiers_of_short_lived_blocks_launch_every_block_and_cooperative_ones_one
 
 def test_warp_64_holds_twice_the_row_of_warp_32():
     cols = 4096  # too long for one 32-lane warp's registers, fits 64 lanes
-    assert plan(RowProblem("float32", "softmax", 1000, cols), PROFILES["rdna3"]).tier == "block"
-    assert plan(RowProblem("float32", "softmax", 1000, cols), PROFILES["mi300x"]).tier == "warp"
+    assert plan_large(RowProblem("float32", "softmax", 1000, cols), PROFILES["rdna3"]).tier == "block"
+    assert plan_large(RowProblem("float32", "softmax", 1000, cols), PROFILES["mi300x"]).tier == "warp"
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -422,7 +419,7 @@ def test_16_bit_lanes_hold_a_capped_number_of_values_and_block_tier_threads_stre
     # 16 values a lane where the block tier's cache fills are asynchronous (rows on 4-byte boundaries)
     cap = 16 if has_async_copy(device) else 32
     for cols in (1000, 1500, 2048, 3000, 4096, 8192):
-        p = plan(rows_apart("bfloat16", cols), device)
+        p = plan_large(rows_apart("bfloat16", cols), device)
         slots = p.notes["slots"]
         if p.tier == "warp":
             kernel = p.launches[0].kernel
@@ -435,52 +432,50 @@ def test_16_bit_lanes_hold_a_capped_number_of_values_and_block_tier_threads_stre
             assert threads % warp == 0 and threads == max(warp, -(-slots // 8 // warp) * warp), (cols, threads)
     # float32 lanes keep 64 values: 2048 columns stay in one 32-lane warp's registers
     if warp == 32:
-        assert plan(rows_apart("float32", 2048), device).tier == "warp"
-        assert plan(rows_apart("bfloat16", 2048), device).tier == "block"
+        assert plan_large(rows_apart("float32", 2048), device).tier == "warp"
+        assert plan_large(rows_apart("bfloat16", 2048), device).tier == "block"
     # rows of an odd number of 16-bit values keep 32 values a lane everywhere
-    assert plan(rows_apart("float16", 513), device).tier == "warp"
-    assert (plan(rows_apart("float16", 600), device).tier == "block") == (cap == 16 and warp == 32)
+    assert plan_large(rows_apart("float16", 513), device).tier == "warp"
+    assert (plan_large(rows_apart("float16", 600), device).tier == "block") == (cap == 16 and warp == 32)
 
 
 def test_misaligned_input_and_output_fall_back_to_scalar_slots():
-    aligned = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=1), PROFILES["h100"])
-    mixed = plan(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=0), PROFILES["h100"])
+    aligned = plan_large(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=1), PROFILES["h100"])
+    mixed = plan_large(RowProblem("float32", "softmax", 64, 1000, x_misalign=1, y_misalign=0), PROFILES["h100"])
     assert aligned.notes["vec"] == 4 and mixed.notes["vec"] == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fill_the_grid(knobs, dtype):
+def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fill_the_grid(dtype):
     """Fewer rows than multiprocessors take the on-chip split with slots in registers where the
     held form's chunks, as long as it makes them, are at least the blocks it keeps resident (the
     element sizes of SPLIT_REGISTERS_FULL_GRID); fewer rows keep whole chunks in shared memory, cut
     small to spread over the device."""
     device = PROFILES["h100"]
     itemsize = V.DTYPES[dtype][2]
-    held_slots, blocks = planner.SPLIT_REGISTERS[itemsize]
+    held_slots, blocks = T.split_registers[itemsize]
     cols = 262144
-    knobs.setattr(planner, "SPLIT_REGISTERS_FULL_GRID", (2, 4))  # the held form's chunks, for any dtype
-    plan.cache_clear()
-    held_chunks = plan(RowProblem(dtype, "softmax", 128, cols), device).notes["chunks"]
-    knobs.undo()
-    plan.cache_clear()
+    # the held form's chunks, for any dtype
+    held_chunks = plan_large(RowProblem(dtype, "softmax", 128, cols), device,
+                             split_registers_full_grid=(2, 4)).notes["chunks"]
     for rows in (8, 41, 42, 128):
-        p = plan(RowProblem(dtype, "softmax", rows, cols), device)
+        p = plan_large(RowProblem(dtype, "softmax", rows, cols), device)
         assert p.tier == "cached" and rows < device.multiprocessors
         held = "held_slots" in p.notes
         fills = rows * held_chunks >= blocks * device.multiprocessors
-        assert held == (itemsize in planner.SPLIT_REGISTERS_FULL_GRID and fills), (rows, p)
+        assert held == (itemsize in T.split_registers_full_grid and fills), (rows, p)
         if held:
             assert p.launches[0].kernel == V.split_cached_registers_name(dtype, "softmax", 32, p.notes["vec"],
                                                                           held_slots, blocks)
     # float32 rows of 262144 columns: 16 chunks of the held form each, so 42 rows fill 5 x 132 blocks
-    assert ("held_slots" in plan(RowProblem("float32", "softmax", 42, cols), device).notes)
-    assert ("held_slots" not in plan(RowProblem("float32", "softmax", 41, cols), device).notes)
+    assert ("held_slots" in plan_large(RowProblem("float32", "softmax", 42, cols), device).notes)
+    assert ("held_slots" not in plan_large(RowProblem("float32", "softmax", 41, cols), device).notes)
     # 16-bit rows too: 128 rows of 262144 columns make 10 held chunks each, 1280 >= 660
-    assert ("held_slots" in plan(RowProblem("bfloat16", "softmax", 128, cols), device).notes)
+    assert ("held_slots" in plan_large(RowProblem("bfloat16", "softmax", 128, cols), device).notes)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_on_chip_split_rounds_take_as_many_rows_each(monkeypatch, device):
+def test_on_chip_split_rounds_take_as_many_rows_each(device):
     """Rows of SPLIT_EVEN_ROUNDS_ITEMSIZES that take more than one and at most SPLIT_EVEN_ROUNDS_MOST
     rounds of the on-chip split's grid are cut into more chunks, so that every round takes as many
     rows in at most as many blocks; every other plan stays as it was."""
@@ -490,13 +485,13 @@ def test_on_chip_split_rounds_take_as_many_rows_each(monkeypatch, device):
         itemsize = V.DTYPES[dtype][2]
         rows = (mib << 20) // (cols * itemsize)
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "split_even_rounds_most", problem, device)
+        before, after = _plans_with_and_without(large_input_tuning(device), "split_even_rounds_most", problem, device)
         if before.tier != "cached":
             assert after == before
             continue
         (first,), (second,) = before.launches, after.launches
         rounds = rows / (first.grid // before.notes["chunks"])
-        if not (itemsize in planner.SPLIT_EVEN_ROUNDS_ITEMSIZES and 1 < rounds <= planner.SPLIT_EVEN_ROUNDS_MOST):
+        if not (itemsize in T.split_even_rounds_itemsizes and 1 < rounds <= T.split_even_rounds_most):
             assert after == before, (dtype, rows, cols, rounds)
             continue
         even = ceil(rows / ceil(rounds))
@@ -512,13 +507,13 @@ def test_on_chip_split_rounds_take_as_many_rows_each(monkeypatch, device):
     assert evened >= 5, evened
     if device is PROFILES["h100"]:
         # float32 256x65536 (64 MiB): 165 rows of 4 chunks a round (1.55 rounds) -> 128 rows of 5
-        p = plan(RowProblem("float32", "softmax", 256, 65536), device)
+        p = plan_large(RowProblem("float32", "softmax", 256, 65536), device)
         assert (p.launches[0].grid, p.notes["chunks"]) == (640, 5)
         # 333x50257: 2.02 rounds, as it was
-        p = plan(RowProblem("float32", "softmax", 333, 50257), device)
+        p = plan_large(RowProblem("float32", "softmax", 333, 50257), device)
         assert (p.launches[0].grid, p.notes["chunks"]) == (660, 4)
         # 16-bit rows as they were: bfloat16 160x131072, 132 rows of 5 chunks a round (1.21 rounds)
-        p = plan(RowProblem("bfloat16", "softmax", 160, 131072), device)
+        p = plan_large(RowProblem("bfloat16", "softmax", 160, 131072), device)
         assert (p.launches[0].grid, p.notes["chunks"]) == (660, 5)
 
 
@@ -526,14 +521,14 @@ def test_the_split_scratch_needs_no_fill_and_the_on_chip_split_leaves_its_own_ze
     """The two-pass split writes every partial before reading it; the on-chip tiers count and
     publish in scratch they find zero and leave zero (Plan.scratch_zeroed)."""
     device = PROFILES["h100"]
-    split = plan(RowProblem("float32", "softmax", 1, 10**8), device)
-    cached = plan(RowProblem("float32", "softmax", 8, 131072), device)
+    split = plan_large(RowProblem("float32", "softmax", 1, 10**8), device)
+    cached = plan_large(RowProblem("float32", "softmax", 8, 131072), device)
     assert split.tier == "split" and split.scratch and not split.scratch_zeroed
     assert cached.tier == "cached" and cached.scratch and cached.scratch_zeroed
 
 
 def test_few_long_rows_are_split_across_blocks():
-    p = plan(RowProblem("float32", "softmax", 1, 10**8), PROFILES["h100"])
+    p = plan_large(RowProblem("float32", "softmax", 1, 10**8), PROFILES["h100"])
     assert p.tier == "split" and p.notes["chunks"] >= 2 * 132 // 1
 
 
@@ -544,24 +539,24 @@ def test_split_rows_are_cut_into_chunks_on_aligned_boundaries(device, dtype):
     tiers = set()
     for rows, cols in ((1, 10**8), (1, 3 * 10**7 + 17), (7, 1 << 20), (512, 262144), (640, 200000),
                        (1024, 128256), (1342, 100000), (4096, 65536), (2097, 32000), (1, 262143)):
-        p = plan(RowProblem(dtype, "softmax", rows, cols), device)
+        p = plan_large(RowProblem(dtype, "softmax", rows, cols), device)
         if "chunk_slots" not in p.notes:
             continue
         tiers.add(p.tier)
         chunk_bytes = p.notes["chunk_slots"] * p.notes["vec"] * itemsize
-        assert chunk_bytes % CHUNK_ALIGN_BYTES == 0, (rows, cols, p.tier, p.notes)
+        assert chunk_bytes % T.chunk_align_bytes == 0, (rows, cols, p.tier, p.notes)
         assert p.notes["slots"] <= p.notes["chunks"] * p.notes["chunk_slots"]
         assert (p.notes["chunks"] - 1) * p.notes["chunk_slots"] < p.notes["slots"], "a split has no empty chunk"
     assert tiers == {"split", "cached"}
 
 
 def test_strided_plan_and_errors():
-    p = plan(StridedProblem("float32", "softmax", 8, 100, 16, (1600, 16, 1), (1600, 16, 1)), PROFILES["mi300x"])
+    p = plan_large(StridedProblem("float32", "softmax", 8, 100, 16, (1600, 16, 1), (1600, 16, 1)), PROFILES["mi300x"])
     assert p.tier == "strided" and p.notes["inner_tile"] == 16 and p.launches[0].block == 512
     with pytest.raises(PlanError, match="warp size 16"):
-        plan(RowProblem("float32", "softmax", 1, 1), DeviceProfile("odd", "x", "y", 16, 1))
+        plan_large(RowProblem("float32", "softmax", 1, 1), DeviceProfile("odd", "x", "y", 16, 1))
     with pytest.raises(PlanError, match="supported: float32"):
-        plan(RowProblem("int8", "softmax", 1, 1), PROFILES["h100"])
+        plan_large(RowProblem("int8", "softmax", 1, 1), PROFILES["h100"])
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
@@ -573,9 +568,9 @@ def test_short_non_last_axes_take_a_thread_per_inner_vector(device, dtype):
     positions or more (300 here); longer axes and 65 rows or more over fewer positions go back to
     the column groups of the strided tier."""
     widest = V.vector_widths(dtype)[1]
-    for cols, wide_lines in ((2, 4), (3, 2), (4, 2), (5, 1), (9, 1), (STRIDED_THREAD_SHORT_COLS, 1)):
+    for cols, wide_lines in ((2, 4), (3, 2), (4, 2), (5, 1), (9, 1), (T.strided_thread_short_cols, 1)):
         inner = (1 << 26) // cols // 16 * 16
-        p = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1)), device)
+        p = plan_large(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1)), device)
         assert p.tier == "strided_thread" and (p.notes["vec"], p.notes["lines"]) == (widest, wide_lines)
         (launch,) = p.launches
         assert launch.kernel == V.strided_thread_name(dtype, "softmax", widest, wide_lines)
@@ -584,18 +579,18 @@ def test_short_non_last_axes_take_a_thread_per_inner_vector(device, dtype):
         assert launch.grid == -(-inner // (widest * 256 * wide_lines))
         for extra, vec in ((1, 1), (2, 2)):
             n = inner + extra
-            odd = plan(StridedProblem(dtype, "softmax", 1, cols, n, (0, n, 1), (0, n, 1)), device)
+            odd = plan_large(StridedProblem(dtype, "softmax", 1, cols, n, (0, n, 1), (0, n, 1)), device)
             lines = widest // vec if vec < widest else wide_lines
             assert odd.tier == "strided_thread" and (odd.notes["vec"], odd.notes["lines"]) == (vec, lines)
             assert odd.launches[0].kernel == V.strided_thread_name(dtype, "softmax", vec, lines)
             assert odd.launches[0].grid == -(-n // (vec * 256 * lines))
-        misaligned = plan(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1),
+        misaligned = plan_large(StridedProblem(dtype, "softmax", 1, cols, inner, (0, inner, 1), (0, inner, 1),
                                          x_misalign=1), device)
         assert misaligned.notes["vec"] == 1
-    longer = plan(StridedProblem(dtype, "softmax", 4, 300, 40, (12000, 40, 1), (12000, 40, 1)), device)
+    longer = plan_large(StridedProblem(dtype, "softmax", 4, 300, 40, (12000, 40, 1), (12000, 40, 1)), device)
     assert longer.tier == "strided_thread"
-    for rows, inner in ((STRIDED_THREAD_MAX_COLS + 1, 8), (STRIDED_THREAD_SHORT_COLS + 1, 16)):
-        longer = plan(StridedProblem(dtype, "softmax", 64, rows, inner, (rows * inner, inner, 1),
+    for rows, inner in ((T.strided_thread_max_cols + 1, 8), (T.strided_thread_short_cols + 1, 16)):
+        longer = plan_large(StridedProblem(dtype, "softmax", 64, rows, inner, (rows * inner, inner, 1),
                                      (rows * inner, inner, 1)), device)
         assert longer.tier == "strided", (rows, inner)
 
@@ -608,9 +603,9 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     strided tier (which reads twice)."""
     itemsize = V.DTYPES[dtype][2]
     compute = 8 if dtype == "float64" else 4
-    short = plan(StridedProblem(dtype, "softmax", 8, 80, 16, (1280, 16, 1), (1280, 16, 1)), device)
+    short = plan_large(StridedProblem(dtype, "softmax", 8, 80, 16, (1280, 16, 1), (1280, 16, 1)), device)
     assert short.tier == "strided"
-    p = plan(StridedProblem(dtype, "log_softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1)), device)
+    p = plan_large(StridedProblem(dtype, "log_softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1)), device)
     if p.tier == "strided":  # float64 scratch and chunks too big for 64 KiB of shared memory
         assert device.shared_mem_per_multiprocessor <= 64 * 1024
         return
@@ -628,9 +623,10 @@ def test_long_non_last_axes_are_cached_on_chip_across_resident_blocks(device, dt
     tiles = 8192 // (tile * vec)
     assert dict(p.scratch) == {"partials": 2 * tiles * chunks * tile * vec * compute, "arrivals": 4 * tiles}
     # rows that do not all start vector-aligned take one position a thread
-    odd = plan(StridedProblem(dtype, "softmax", 1, 8192, 8191, (0, 8191, 1), (0, 8191, 1)), device)
+    odd = plan_large(StridedProblem(dtype, "softmax", 1, 8192, 8191, (0, 8191, 1), (0, 8191, 1)), device)
     assert odd.tier == "strided_cached" and odd.notes["vec"] == 1
-    shifted = plan(StridedProblem(dtype, "softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1), x_misalign=1), device)
+    shifted = plan_large(StridedProblem(dtype, "softmax", 1, 8192, 8192, (0, 8192, 1), (0, 8192, 1), x_misalign=1),
+                         device)
     assert shifted.notes["vec"] == 1
 
 
@@ -638,28 +634,28 @@ def test_long_rows_take_blocks_that_wait_on_no_other_where_copies_are_asynchrono
     a100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
                          shared_mem_per_multiprocessor=164 * 1024)
     assert has_async_copy(a100) and not has_async_copy(PROFILES["mi300x"])
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"
-    assert plan(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block_registers"
-    assert plan(RowProblem("bfloat16", "softmax", 8, 80000), PROFILES["h100"]).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "block_registers"
+    assert plan_large(RowProblem("bfloat16", "softmax", 4096, 100000), a100).tier == "block_registers"
+    assert plan_large(RowProblem("bfloat16", "softmax", 4096, 80000), PROFILES["h100"]).tier == "block_registers"
+    assert plan_large(RowProblem("bfloat16", "softmax", 8, 80000), PROFILES["h100"]).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 4096, 65536), PROFILES["h100"]).tier == "block_registers"
 
 
 def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asynchronous():
     h100 = PROFILES["h100"]
     for dtype, cols in (("float32", 45300), ("float32", 50257), ("bfloat16", 90600), ("bfloat16", 100000),
                         ("float16", 113000)):
-        p = plan(RowProblem(dtype, "softmax", 4096, cols), h100)
+        p = plan_large(RowProblem(dtype, "softmax", 4096, cols), h100)
         (launch,) = p.launches
         itemsize = V.DTYPES[dtype][2]
-        assert p.tier == "block" and launch.grid == 4096 and launch.block == planner.BLOCK_TIER_MAX_THREADS
+        assert p.tier == "block" and launch.grid == 4096 and launch.block == T.block_tier_max_threads
         # more than half a multiprocessor's shared memory: one such block a multiprocessor
         assert h100.shared_mem_per_multiprocessor // 2 < launch.shared_mem <= h100.shared_mem_per_block_optin
         assert launch.shared_mem >= cols * itemsize
     # few rows, and rows past one block, are split
-    assert plan(RowProblem("float32", "softmax", 8, 50257), h100).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "block_registers"
+    assert plan_large(RowProblem("float32", "softmax", 8, 50257), h100).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 4096, 59000), h100).tier == "block_registers"
     # loads through registers (AMD) keep the split
-    assert plan(RowProblem("float32", "softmax", 4096, 12000), PROFILES["mi300x"]).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 4096, 12000), PROFILES["mi300x"]).tier == "cached"
 
 
 def test_rows_a_block_alone_takes_need_waves_of_blocks_else_split():
@@ -667,27 +663,27 @@ def test_rows_a_block_alone_takes_need_waves_of_blocks_else_split():
     registers and shared memory) only where the rows make BLOCK_ALONE_MIN_WAVES waves of them:
     fewer rows go to the on-chip split, spread over every multiprocessor."""
     h100 = PROFILES["h100"]
-    waves = planner.BLOCK_ALONE_MIN_WAVES * h100.multiprocessors
+    waves = T.block_alone_min_waves * h100.multiprocessors
     for dtype, cols, alone in (("float32", 50257, "block"), ("bfloat16", 100000, "block"),
                                ("float32", 80000, "block_registers"), ("bfloat16", 160000, "block_registers")):
-        assert plan(RowProblem(dtype, "softmax", waves, cols), h100).tier == alone, (dtype, cols)
+        assert plan_large(RowProblem(dtype, "softmax", waves, cols), h100).tier == alone, (dtype, cols)
         for rows in (waves - 1, 2 * h100.multiprocessors, h100.multiprocessors + 1):
-            p = plan(RowProblem(dtype, "softmax", rows, cols), h100)
+            p = plan_large(RowProblem(dtype, "softmax", rows, cols), h100)
             assert p.tier == "cached" and "held_slots" in p.notes, (dtype, cols, rows, p.tier)
     # rows that two blocks a multiprocessor hold keep their plans at any number of waves
-    assert plan(RowProblem("float32", "softmax", 2 * h100.multiprocessors, 40000), h100).tier == "block_registers"
+    assert plan_large(RowProblem("float32", "softmax", 2 * h100.multiprocessors, 40000), h100).tier == "block_registers"
 
 
-def test_rows_two_blocks_hold_with_their_first_slots_in_registers_pair_up(monkeypatch):
+def test_rows_two_blocks_hold_with_their_first_slots_in_registers_pair_up():
     """Rows past half a multiprocessor's shared memory that two blocks of half the launch bound's
     threads hold, each with its first slots in registers: block_registers at 512 threads, two a
     multiprocessor; rows one such block a multiprocessor holds keep a block alone."""
     h100 = PROFILES["h100"]
-    threads = planner.ROW_REGISTERS_THREADS // 2
-    capacity = planner.ROW_REGISTER_SLOTS * threads
+    threads = T.row_registers_threads // 2
+    capacity = T.row_register_slots * threads
     for dtype, cols in (("float32", 29000), ("float32", 32000), ("float32", 40000), ("float32", 45000),
                         ("bfloat16", 58000), ("bfloat16", 65536), ("float16", 80000), ("float16", 90000)):
-        p = plan(RowProblem(dtype, "log_softmax", 2000, cols), h100)
+        p = plan_large(RowProblem(dtype, "log_softmax", 2000, cols), h100)
         (launch,) = p.launches
         vec = 16 // V.DTYPES[dtype][2]
         assert p.tier == "block_registers" and launch.block == threads and launch.grid == 2000, (dtype, cols, p)
@@ -695,43 +691,40 @@ def test_rows_two_blocks_hold_with_their_first_slots_in_registers_pair_up(monkey
         assert launch.kernel == V.block_registers_name(dtype, "log_softmax", 32, vec)
         assert 2 * launch.shared_mem < h100.shared_mem_per_multiprocessor
     # half a multiprocessor's shared memory holds the row: the block tier, two blocks a multiprocessor
-    assert plan(RowProblem("float32", "softmax", 2000, 28000), h100).tier == "block"
+    assert plan_large(RowProblem("float32", "softmax", 2000, 28000), h100).tier == "block"
     # one such block a multiprocessor: a block alone (shared memory), or the launch bound's threads
-    assert plan(RowProblem("float32", "softmax", 2000, 45300), h100).tier == "block"
-    alone = plan(RowProblem("float32", "softmax", 2000, 65536), h100)
-    assert alone.tier == "block_registers" and alone.launches[0].block == planner.ROW_REGISTERS_THREADS
+    assert plan_large(RowProblem("float32", "softmax", 2000, 45300), h100).tier == "block"
+    alone = plan_large(RowProblem("float32", "softmax", 2000, 65536), h100)
+    assert alone.tier == "block_registers" and alone.launches[0].block == T.row_registers_threads
     # few rows are spread over more blocks; loads through registers (AMD) keep the split
-    assert plan(RowProblem("float32", "softmax", 100, 32000), h100).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 2000, 32000), PROFILES["mi300x"]).tier == "cached"
-    monkeypatch.setattr(planner, "ROW_REGISTERS_PAIRED", False)
-    plan.cache_clear()
-    assert plan(RowProblem("float32", "softmax", 2000, 32000), h100).tier == "block"
-    plan.cache_clear()  # plans made under the knob
+    assert plan_large(RowProblem("float32", "softmax", 100, 32000), h100).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 2000, 32000), PROFILES["mi300x"]).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 2000, 32000), h100, row_registers_paired=False).tier == "block"
 
 
 def test_rows_past_a_block_and_within_its_registers_go_alone_on_a_multiprocessor():
     """Rows that one block's shared memory cannot hold but its registers and shared memory can:
     a block a row where copies are asynchronous; few rows, longer rows, float64 and AMD split."""
     h100 = PROFILES["h100"]
-    capacity = planner.ROW_REGISTER_SLOTS * planner.ROW_REGISTERS_THREADS  # slots in registers
+    capacity = T.row_register_slots * T.row_registers_threads  # slots in registers
     for dtype, cols in (("float32", 65536), ("float32", 80000), ("bfloat16", 128256), ("float16", 131072),
                         ("bfloat16", 163840)):
-        p = plan(RowProblem(dtype, "softmax", 1000, cols), h100)
+        p = plan_large(RowProblem(dtype, "softmax", 1000, cols), h100)
         (launch,) = p.launches
         vec = 16 // V.DTYPES[dtype][2]
         assert p.tier == "block_registers" and launch.grid == 1000 and p.notes["held_slots"] == capacity
         assert launch.kernel == V.block_registers_name(dtype, "softmax", 32, vec)
         assert launch.shared_mem == (cols // vec - capacity) * 16
     # past registers and shared memory together: the on-chip split
-    assert plan(RowProblem("float32", "softmax", 1000, 131072), h100).tier == "cached"
-    assert plan(RowProblem("bfloat16", "softmax", 1000, 262144), h100).tier == "cached"
-    assert plan(RowProblem("float32", "softmax", 8, 65536), h100).tier == "cached"  # few rows: spread wider
-    assert plan(RowProblem("float64", "softmax", 1000, 32768), h100).tier == "cached"  # not built for float64
-    assert plan(RowProblem("float32", "softmax", 1000, 65536), PROFILES["mi300x"]).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 1000, 131072), h100).tier == "cached"
+    assert plan_large(RowProblem("bfloat16", "softmax", 1000, 262144), h100).tier == "cached"
+    assert plan_large(RowProblem("float32", "softmax", 8, 65536), h100).tier == "cached"  # few rows: spread wider
+    assert plan_large(RowProblem("float64", "softmax", 1000, 32768), h100).tier == "cached"  # not built for float64
+    assert plan_large(RowProblem("float32", "softmax", 1000, 65536), PROFILES["mi300x"]).tier == "cached"
 
 
 def test_empty_problems_launch_nothing():
-    assert plan(RowProblem("float32", "softmax", 0, 5), PROFILES["h100"]).launches == ()
+    assert plan_large(RowProblem("float32", "softmax", 0, 5), PROFILES["h100"]).launches == ()
 
 
 @pytest.mark.parametrize(
@@ -767,11 +760,11 @@ def test_block_tier_rows_fewer_than_multiprocessors_take_more_threads():
     """A small input's call waits on one row's latency: with fewer rows than multiprocessors a block
     takes BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD slots a thread, else BLOCK_TIER_SLOTS_PER_THREAD."""
     h100 = PROFILES["h100"]
-    few = plan(RowProblem("float32", "softmax", 32, 4096), h100)
-    many = plan(RowProblem("float32", "softmax", 200, 4096), h100)
+    few = plan_large(RowProblem("float32", "softmax", 32, 4096), h100)
+    many = plan_large(RowProblem("float32", "softmax", 200, 4096), h100)
     assert (few.tier, many.tier) == ("block", "block")
-    assert few.launches[0].block == 1024 // planner.BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD  # 1024 slots of 4 values
-    assert many.launches[0].block == 1024 // planner.BLOCK_TIER_SLOTS_PER_THREAD
+    assert few.launches[0].block == 1024 // T.block_tier_few_rows_slots_per_thread  # 1024 slots of 4 values
+    assert many.launches[0].block == 1024 // T.block_tier_slots_per_thread
 
 
 SMALL_INPUT_COLS = (1, 4, 5, 7, 13, 16, 32, 64, 100, 200, 513, 1000, 3000, 8192)
@@ -780,7 +773,7 @@ STAGED_TIERS = ("staged", "staged_group", "staged_warp")
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype):
+def test_small_inputs_spread_over_the_multiprocessors(device, dtype):
     """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES, and
     up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
     slot a lane, skip the staged tiers; inputs whose grid would fall short of
@@ -790,24 +783,21 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
     _small_input_block_warps; the rest plan exactly as without the rules. (The few-tiles rule that
     extends them is off here: test_few_staged_tiles_give_way.)"""
     itemsize = V.DTYPES[dtype][2]
-    wanted = ceil(SMALL_INPUT_RULES["SMALL_INPUT_BLOCKS_PER_SM"] * device.multiprocessors)
-    limit = SMALL_INPUT_RULES["SMALL_INPUT_UNSTAGED_BYTES"]
-    block_limit = SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE"].get(
-        itemsize, SMALL_INPUT_RULES["SMALL_INPUT_BLOCK_BYTES"])
+    wanted = ceil(T.small_input_blocks_per_sm * device.multiprocessors)
+    limit = T.small_input_unstaged_bytes
+    block_limit = T.small_input_block_bytes_by_itemsize.get(
+        itemsize, T.small_input_block_bytes)
     spread = 0
     sizes = (64 << 10, 1 << 20, limit - (1 << 20), limit, 12 << 20, 64 << 20)
     for cols, nbytes in itertools.product(SMALL_INPUT_COLS, sizes):
         rows = max(1, nbytes // (cols * itemsize))
         problem = RowProblem(dtype, "softmax", rows, cols)
-        set_small_input_rules(monkeypatch, False)
-        before = plan(problem, device)
-        set_small_input_rules(monkeypatch, True)
-        monkeypatch.setattr(planner, "STAGED_MIN_TILES_PER_SM", 0)
-        after = plan(problem, device)
+        before = plan_large(problem, device)
+        after = plan(problem, device, replace(default_tuning(device), staged_min_tiles_per_sm=0))
         what = (dtype, rows, cols, before.tier, after.tier)
         groups = 0 < planner.one_slot_lanes(default_tuning(device), problem, device.warp_size) < device.warp_size
         unstaged = cols >= 16 and (rows * cols * itemsize < limit or (
-            groups and rows * cols * itemsize <= SMALL_INPUT_RULES["SMALL_INPUT_GROUP_BYTES"]))
+            groups and rows * cols * itemsize <= T.small_input_group_bytes))
         if unstaged:
             assert after.tier not in STAGED_TIERS, what
         elif before.launches[0].grid >= wanted and not (
@@ -821,7 +811,7 @@ def test_small_inputs_spread_over_the_multiprocessors(monkeypatch, device, dtype
         small_block = rows * cols * itemsize < block_limit
         if after.tier == "block" and small_block and rows >= device.multiprocessors:  # fewer: few_rows' threads
             warps = planner._small_input_block_warps(default_tuning(device), after.notes["slots"], device.warp_size)
-            assert a.grid == b.grid and a.block == min(warps * device.warp_size, planner.BLOCK_TIER_MAX_THREADS), what
+            assert a.grid == b.grid and a.block == min(warps * device.warp_size, T.block_tier_max_threads), what
             continue
         assert a.grid >= b.grid and a.block <= b.block, what
         share = ceil(rows / wanted)  # rows a block of an even spread over the wanted blocks
@@ -855,29 +845,28 @@ def _warp_variant_of(plan_: Plan, problem: RowProblem, device) -> V.WarpVariant:
     return next(v for v in shapes if v.name == launch.kernel)
 
 
-def _plans_with_and_without(monkeypatch, knob: str, problem: RowProblem, device) -> tuple[Plan, Plan]:
-    """The plan of `problem` with the device's Tuning, and with its field `knob` at 0."""
-    tuning = default_tuning(device)
-    return plan(problem, device, replace(tuning, **{knob: type(getattr(tuning, knob))(0)})), plan(problem, device)
+def _plans_with_and_without(tuning: Tuning, knob: str, problem: RowProblem, device) -> tuple[Plan, Plan]:
+    """The plan of `problem` with `tuning`'s field `knob` at 0, and with `tuning`."""
+    without = replace(tuning, **{knob: type(getattr(tuning, knob))(0)})
+    return plan(problem, device, without), plan(problem, device, tuning)
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
+def test_rows_within_a_wave_take_one_row_a_warp(device):
     """Rows a whole warp reads several at a time go one a warp where they fit
     SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of resident warps, on the shortest whole-warp variant of
     the same vectors that takes one row a step, holds the row and holds at most
     ONE_ROW_A_WARP_MOST_SLOTS times the slots a lane needs (of one slot taking one row a step where
     that holds it: ONE_ROW_A_WARP_SHALLOW); more rows, lane groups and rows already one a warp plan
     as without the rule."""
-    set_small_input_rules(monkeypatch, True)
-    monkeypatch.setattr(planner, "SMALL_INPUT_ONE_ROW_GROUP_WAVES", 0.0)  # its own test below
-    waves = planner.SMALL_INPUT_ONE_ROW_A_WARP_WAVES
+    tuning = replace(default_tuning(device), small_input_one_row_group_waves=0.0)  # its own test below
+    waves = T.small_input_one_row_a_warp_waves
     warp, changed, shallow = device.warp_size, 0, 0
     resident = device.multiprocessors * device.max_threads_per_multiprocessor // warp
     for dtype, cols, rows in itertools.product(("float32", "float16"), (33, 64, 100, 127, 128, 200, 256, 300),
                                                (1, 8, 1000, resident, resident + 1, 4 * resident, 1 << 18)):
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "small_input_one_row_a_warp_waves", problem, device)
+        before, after = _plans_with_and_without(tuning, "small_input_one_row_a_warp_waves", problem, device)
         what = (dtype, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
             assert after == before, what
@@ -888,7 +877,7 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
             continue
         now = _warp_variant_of(after, problem, device)
         needed = before.notes["slots"]
-        most = planner.ONE_ROW_A_WARP_MOST_SLOTS * ceil(needed / warp)
+        most = T.one_row_a_warp_most_slots * ceil(needed / warp)
         if now == was:  # no variant within the limits
             tuning = default_tuning(device)
             assert not [v for v in planner._warp_candidates(tuning, problem, device, was.vec) + V.one_row_variants(
@@ -907,20 +896,20 @@ def test_rows_within_a_wave_take_one_row_a_warp(monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
+def test_small_inputs_lane_groups_take_one_row_a_step(device):
     """A small input's register-tier groups that take several rows a step take one instead (the
     same lanes, slots and vectors) where their warps then fit SMALL_INPUT_ONE_ROW_GROUP_WAVES waves
     of resident warps (up to SMALL_INPUT_GROUP_BYTES for lane groups of fewer lanes than a warp);
     larger inputs and groups of one row a step plan as without the rule."""
-    set_small_input_rules(monkeypatch, True)
-    waves = planner.SMALL_INPUT_ONE_ROW_GROUP_WAVES
+    waves = T.small_input_one_row_group_waves
     warp, changed = device.warp_size, 0
     resident = device.multiprocessors * device.max_threads_per_multiprocessor // warp
     for dtype, op, cols, rows in itertools.product(
             ("float32", "float16", "bfloat16", "float64"), ("softmax", "log_softmax"), (16, 32, 48, 64, 100, 160),
             (1, 64, 1000, 8000, 30000, 70000, 140000, 1 << 20)):
         problem = RowProblem(dtype, op, rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "small_input_one_row_group_waves", problem, device)
+        before, after = _plans_with_and_without(default_tuning(device), "small_input_one_row_group_waves", problem,
+                                                device)
         what = (dtype, op, rows, cols, before.launches[0].kernel, after.launches[0].kernel)
         if before.tier != "warp":
             assert after == before, what
@@ -928,8 +917,8 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
         was = _warp_variant_of(before, problem, device)
         warps = ceil(rows * was.lanes / warp)
         nbytes = rows * cols * V.DTYPES[dtype][2]
-        small = nbytes < planner.SMALL_INPUT_UNSTAGED_BYTES or (
-            nbytes <= planner.SMALL_INPUT_GROUP_BYTES and was.lanes < warp and cols % was.vec == 0)
+        small = nbytes < T.small_input_unstaged_bytes or (
+            nbytes <= T.small_input_group_bytes and was.lanes < warp and cols % was.vec == 0)
         if (was.batch == 1 or not small or warps > waves * resident or dtype not in V.ONE_ROW_GROUP_DTYPES
                 or (was.slots, was.vec) != (1, V.vector_widths(dtype)[1])):
             assert after == before, what
@@ -943,12 +932,12 @@ def test_small_inputs_lane_groups_take_one_row_a_step(monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
+def test_rows_a_group_fills_take_one_row_a_step(device):
     """Rows of whole 16-byte vectors that fill a lane group of EXACT_GROUP_MIN_LANES or more lanes, a
     slot each, take that group's one-row kernel at every size within EXACT_GROUP_MAX_BYTES (without
     the rule, their larger inputs plan otherwise); rows that fill fewer lanes, or part of a group, or
     start off a vector, or take scalar slots, and larger inputs, do not."""
-    warp = device.warp_size
+    warp, tuning = device.warp_size, large_input_tuning(device)
     changed = 0
     for dtype in ("float32", "float16", "bfloat16"):
         vec = V.vector_widths(dtype)[1]
@@ -958,48 +947,43 @@ def test_rows_a_group_fills_take_one_row_a_step(monkeypatch, device):
                 continue
             cols = lanes * vec
             problem = RowProblem(dtype, "log_softmax", nbytes // (cols * itemsize), cols)
-            the_plan = plan(problem, device)
+            the_plan = plan_large(problem, device)
             scalar = planner.scalar_rows(default_tuning(device), problem, warp)
-            within = nbytes <= planner.EXACT_GROUP_MAX_BYTES.get(itemsize, nbytes)
-            if lanes >= planner.EXACT_GROUP_MIN_LANES and not scalar and within:
+            within = nbytes <= tuning.exact_group_max_bytes.get(itemsize, nbytes)
+            if lanes >= tuning.exact_group_min_lanes and not scalar and within:
                 variant = _warp_variant_of(the_plan, problem, device)
                 assert (variant.lanes, variant.slots, variant.vec, variant.one_row) == (lanes, 1, vec, True), (
                     dtype, cols, nbytes)
-                with monkeypatch.context() as rule_off:
-                    rule_off.setattr(planner, "EXACT_GROUP_MIN_LANES", 1 << 30)
-                    plan.cache_clear()
-                    changed += plan(problem, device) != the_plan
-                plan.cache_clear()
-            elif nbytes > planner.SMALL_INPUT_GROUP_BYTES and the_plan.tier == "warp":
+                changed += plan_large(problem, device, exact_group_min_lanes=1 << 30) != the_plan  # the rule off
+            elif nbytes > tuning.small_input_group_bytes and the_plan.tier == "warp":
                 # past the small-input sizes, fewer lanes, scalar slots or inputs past the largest keep
                 # several rows a step
                 assert _warp_variant_of(the_plan, problem, device).batch > 1 or scalar, (dtype, cols, nbytes)
             # a part of a group, or rows starting off a vector: not this rule's
             for other in (RowProblem(dtype, "softmax", problem.rows, cols - vec),
                           RowProblem(dtype, "softmax", problem.rows, cols, x_misalign=1, y_misalign=1)):
-                if other.rows * other.cols * itemsize > planner.SMALL_INPUT_GROUP_BYTES:
+                if other.rows * other.cols * itemsize > tuning.small_input_group_bytes:
                     assert not planner.exact_group(default_tuning(device), other, warp), (dtype, other)
     assert changed >= 8, "the rule changed too few plans to be tested"
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(monkeypatch, device):
+def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(device):
     """Inputs of SMALL_INPUT_UNSTAGED_BYTES up to SMALL_INPUT_GROUP_BYTES whose rows a lane group of
     fewer lanes than a warp holds in one 16-byte slot a lane take the register tier; past that size,
     and rows of a whole warp's group, keep the staged tiers where copies are asynchronous (the
     few-tiles rule, which may move them too, off: test_few_staged_tiles_give_way)."""
-    set_small_input_rules(monkeypatch, True)
-    monkeypatch.setattr(planner, "STAGED_MIN_TILES_PER_SM", 0)
+    tuning = replace(default_tuning(device), staged_min_tiles_per_sm=0)
     warp = device.warp_size
-    limit = planner.SMALL_INPUT_GROUP_BYTES
+    limit = tuning.small_input_group_bytes
     staged_kept = 0
     for dtype, cols in (("float32", 16), ("float32", 32), ("float32", 48), ("float16", 96), ("float32", 100),
                         ("float16", 200)):
         itemsize = V.DTYPES[dtype][2]
         lanes = planner.one_slot_lanes(default_tuning(device), RowProblem(dtype, "softmax", 2, cols), warp)
-        for nbytes in (planner.SMALL_INPUT_UNSTAGED_BYTES + (1 << 20), 12 << 20, limit, limit + (1 << 20)):
+        for nbytes in (tuning.small_input_unstaged_bytes + (1 << 20), 12 << 20, limit, limit + (1 << 20)):
             problem = RowProblem(dtype, "softmax", nbytes // (cols * itemsize), cols)
-            the_plan = plan(problem, device)
+            the_plan = plan(problem, device, tuning)
             if nbytes <= limit and 0 < lanes < warp:
                 assert the_plan.tier == "warp", (dtype, cols, nbytes, the_plan.tier)
                 assert _warp_variant_of(the_plan, problem, device).lanes == lanes
@@ -1014,7 +998,7 @@ FEW_TILES_COLS = {"float16": (264, 300, 384, 448, 512, 513, 600, 640, 777, 1000,
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_few_staged_tiles_give_way(monkeypatch, device):
+def test_few_staged_tiles_give_way(device):
     """A staged plan of rows longer than a 16-byte vector a lane of a warp (or of float32 rows of 16
     columns or more, FEW_TILES_SHORT_ROW_ITEMSIZES) that covers them in fewer than
     STAGED_MIN_TILES_PER_SM tiles a multiprocessor gives way to the block tier (the small-input
@@ -1022,10 +1006,9 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
     16-byte vectors, or float32 scalar slots); to the register tier or a block of one warp only
     under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles, and where a one-warp block, or a lane of two or
     more vectors, is filled to FEW_TILES_MIN_FILL. Every other plan stays as it was."""
-    set_small_input_rules(monkeypatch, True)
-    monkeypatch.setattr(planner, "FEW_TILES_BLOCKS_PER_SM", 0.0)  # the staged plans kept: as they were
+    tuning = replace(default_tuning(device), few_tiles_blocks_per_sm=0.0)  # the staged plans kept: as they were
     warp = device.warp_size
-    threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"]
+    threshold = tuning.staged_min_tiles_per_sm
     moved = collections.Counter()
     kept = 0
     for dtype, mib in itertools.product(FEW_TILES_COLS, (6, 9, 12, 16, 24, 40)):
@@ -1033,7 +1016,7 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
             itemsize = V.DTYPES[dtype][2]
             rows = (mib << 20) // (cols * itemsize)
             problem = RowProblem(dtype, "softmax", rows, cols)
-            before, after = _plans_with_and_without(monkeypatch, "staged_min_tiles_per_sm", problem, device)
+            before, after = _plans_with_and_without(tuning, "staged_min_tiles_per_sm", problem, device)
             what = (dtype, rows, cols, before.tier, after.tier)
             long_rows = cols * itemsize > 16 * warp
             few = (before.tier in STAGED_TIERS and (long_rows or (itemsize == 4 and cols >= 16))
@@ -1046,7 +1029,7 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
             (launch,) = after.launches
             slots = after.notes["slots"]
             one_warp_tiles = ceil(rows / before.notes["tile_rows"]) < (
-                SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM_ONE_WARP"] * device.multiprocessors)
+                tuning.staged_min_tiles_per_sm_one_warp * device.multiprocessors)
             assert after.tier == "warp" or (after.tier == "block" and long_rows), what
             if after.tier == "warp":
                 variant = _warp_variant_of(after, problem, device)
@@ -1054,14 +1037,14 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
                 if variant.vec > 1:  # whole 16-byte vectors; two or more a lane filled to FEW_TILES_MIN_FILL
                     assert variant.vec * itemsize == 16 and cols % variant.vec == 0, what
                     assert slots == cols // variant.vec, what
-                    assert variant.slots == 1 or slots >= planner.FEW_TILES_MIN_FILL * variant.lanes * variant.slots
+                    assert variant.slots == 1 or slots >= tuning.few_tiles_min_fill * variant.lanes * variant.slots
                 else:
                     assert itemsize == 4, what
             else:
                 warps = planner._small_input_block_warps(default_tuning(device), slots, warp)
                 assert launch.block == warps * warp, what
                 assert launch.block > warp or (
-                    one_warp_tiles and slots >= planner.FEW_TILES_MIN_FILL * warp * ceil(slots / warp)), what
+                    one_warp_tiles and slots >= tuning.few_tiles_min_fill * warp * ceil(slots / warp)), what
     if has_async_copy(device):  # the staged tiers exist: the rule moved long and short rows, and kept others
         assert moved["block", True] >= 5 and moved["warp", True] >= 1 and moved["warp", False] >= 3, moved
         assert kept >= 5, kept
@@ -1071,36 +1054,35 @@ def test_few_staged_tiles_give_way(monkeypatch, device):
     if device is h100:
         # 4 slots a thread (500 slots: 128 threads, 275: 96), but one warp for rows of up to 5 slots a lane
         for rows, cols, threads in ((1114, 4000, 128), (2621, 2200, 96), (5242, 1100, 32), (4259, 1600, 64)):
-            assert plan(RowProblem("float16", "softmax", rows, cols), device).launches[0].block == threads
-        assert plan(RowProblem("float16", "softmax", 8704, 512), device).tier == "warp"
+            assert plan(RowProblem("float16", "softmax", rows, cols), device, tuning).launches[0].block == threads
+        assert plan(RowProblem("float16", "softmax", 8704, 512), device, tuning).tier == "warp"
         for cols in (300, 513, 384, 600):  # partial slots, or under 0.8 of a warp's slots: the staged groups
             assert plan(RowProblem("float16", "softmax", (12 << 20) // (2 * cols), cols), device).tier == "staged_group"
         # one warp a row from 6 tiles a multiprocessor on (float16 1000 columns at 16 MiB: 7.9 tiles)
-        assert plan(RowProblem("float16", "softmax", 8388, 1000), device).tier == "staged_group"
+        assert plan(RowProblem("float16", "softmax", 8388, 1000), device, tuning).tier == "staged_group"
         # float32 rows on scalar slots under 6 tiles (80 columns at 9 MiB: 3.5), not from 6 (100 at 14 MiB: 8.7)
-        assert plan(RowProblem("float32", "softmax", 29491, 80), device).tier == "warp"
-        assert plan(RowProblem("float32", "softmax", 36700, 100), device).tier == "staged_group"
+        assert plan(RowProblem("float32", "softmax", 29491, 80), device, tuning).tier == "warp"
+        assert plan(RowProblem("float32", "softmax", 36700, 100), device, tuning).tier == "staged_group"
 
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
-def test_few_staged_tiles_cut_smaller(monkeypatch, device):
+def test_few_staged_tiles_cut_smaller(device):
     """A staged plan that stays on the staged tiers with fewer than STAGED_MIN_TILES_PER_SM tiles a
     multiprocessor, of an input of FEW_TILES_SMALLER_MIN_BYTES or more, keeps its tier and kernel but
     cuts its tiles toward FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor (down to a row a thread or
     lane group a step). Every other plan stays as it was."""
-    set_small_input_rules(monkeypatch, True)
-    threshold = SMALL_INPUT_RULES["STAGED_MIN_TILES_PER_SM"] * device.multiprocessors
-    wanted = ceil(SMALL_INPUT_RULES["FEW_TILES_BLOCKS_PER_SM"] * device.multiprocessors)
+    threshold = T.staged_min_tiles_per_sm * device.multiprocessors
+    wanted = ceil(T.few_tiles_blocks_per_sm * device.multiprocessors)
     cut = collections.Counter()
     for dtype, mib, cols in itertools.product(("float32", "float16"), (1, 2, 4, 9, 16, 24, 40),
                                               (5, 9, 13, 20, 48, 100, 130, 200, 300, 513)):
         itemsize = V.DTYPES[dtype][2]
         rows = (mib << 20) // (cols * itemsize)
         problem = RowProblem(dtype, "softmax", rows, cols)
-        before, after = _plans_with_and_without(monkeypatch, "few_tiles_blocks_per_sm", problem, device)
+        before, after = _plans_with_and_without(default_tuning(device), "few_tiles_blocks_per_sm", problem, device)
         what = (dtype, rows, cols, before.tier, after.tier)
         few = (before.tier in STAGED_TIERS and ceil(rows / before.notes["tile_rows"]) < threshold
-               and rows * cols * itemsize >= planner.FEW_TILES_SMALLER_MIN_BYTES)
+               and rows * cols * itemsize >= T.few_tiles_smaller_min_bytes)
         if not few:
             assert after == before, what
             continue
@@ -1158,10 +1140,9 @@ def _witness_problems(dtype: str):
 
 @pytest.mark.parametrize("backend", BUILT_PROFILES)
 @pytest.mark.parametrize("dtype", V.DTYPES)
-def test_built_kernels_are_the_plannable_ones(monkeypatch, backend, dtype):
+def test_built_kernels_are_the_plannable_ones(backend, dtype):
     """Every kernel a backend's build carries is planned for some shape on one of its profiles, and
     every plan names one it carries (a kernel no profile plans is dead weight in every build)."""
-    set_small_input_rules(monkeypatch, True)  # the planner as committed
     built = V.catalogue(dtype, backend)
     planned = set()
     for device in BUILT_PROFILES[backend]:
@@ -1191,8 +1172,7 @@ GOLDEN_REGIMES = [
 
 
 @pytest.mark.parametrize(("profile", "dtype", "shape", "regime", "tier"), GOLDEN_REGIMES)
-def test_golden_regimes(monkeypatch, profile, dtype, shape, regime, tier):
-    set_small_input_rules(monkeypatch, True)  # the planner as committed
+def test_golden_regimes(profile, dtype, shape, regime, tier):
     if len(shape) == 2:
         problem = RowProblem(dtype, "softmax", *shape)
     else:
@@ -1205,8 +1185,7 @@ def test_golden_regimes(monkeypatch, profile, dtype, shape, regime, tier):
         "short rows", "a warp a row", "a block a row", "a row split across blocks", "a strided axis"}
 
 
-def test_a_tuning_is_an_argument_and_changes_only_its_own_plans(monkeypatch):
-    set_small_input_rules(monkeypatch, True)  # the planner as committed
+def test_a_tuning_is_an_argument_and_changes_only_its_own_plans():
     device = PROFILES["h100"]
     problem = RowProblem("float32", "softmax", 4096, 8192)
     tuning = default_tuning(device)
@@ -1217,3 +1196,26 @@ def test_a_tuning_is_an_argument_and_changes_only_its_own_plans(monkeypatch):
     assert plan(problem, device, tuning) == plan(problem, device)
     with pytest.raises(TypeError, match="immutable"):
         tuning.warp_tier_max_values[2] = 8
+
+
+def test_the_rules_are_a_table_whose_every_rule_plans_some_problem():
+    """The planner's tables: names unique, a one-line why each, the last rule takes any problem; and
+    on the profiles the builds serve, with their committed Tunings, every rule is the first to take
+    some problem (none is dead weight)."""
+    for rules in (planner.ROW_RULES, planner.STRIDED_RULES):
+        names = [rule.name for rule in rules]
+        assert len(set(names)) == len(names), names
+        assert all(rule.why and "\n" not in rule.why and len(rule.why) <= 120 for rule in rules)
+        assert rules[-1].when(None), "the last rule takes whatever the others leave"
+    taken = collections.Counter()
+    for device, dtype in itertools.product({d for ds in BUILT_PROFILES.values() for d in ds}, V.DTYPES):
+        itemsize = V.DTYPES[dtype][2]
+        for cols in (4, 8, 20, 100, 300, 1000, 3000, 8192, 50257, 65536, 100000, 262144, 10**8):
+            for rows in {0, 1, 100, 4096} | {(mib << 20) // (cols * itemsize) for mib in (12, 64, 1024)}:
+                taken[planner.rule_for(RowProblem(dtype, "softmax", rows, cols), device).name] += 1
+        for outer, cols, inner in ((0, 5, 3), (1, 8192, 8192), (1, 4, 8192), (64, 300, 7)):
+            strides = (cols * inner, inner, 1)
+            problem = StridedProblem(dtype, "softmax", outer, cols, inner, strides, strides)
+            taken["strided " + planner.rule_for(problem, device).name] += 1
+    every = {rule.name for rule in planner.ROW_RULES} | {"strided " + rule.name for rule in planner.STRIDED_RULES}
+    assert set(taken) == every, f"never the first to take a problem: {sorted(every - set(taken))}"

@@ -1,10 +1,11 @@
-"""The development tools' parts that need no GPU: tools/ab_bench.py's variant and spec parsing,
+"""The development tools' parts that need no GPU: tools/ab_bench.py's variants (Tunings) and spec parsing,
 tools/plan_diff.py (which specs a planner variant changes) and tools/ab_builds.py's summary of an
 A/B table. tools/concurrent_waits.py needs a GPU: tests/test_gpu.py runs it."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,24 +24,46 @@ def tools(monkeypatch):
 
 def test_plan_diff_lists_the_specs_a_rule_changes_and_restores_the_knobs(tools):
     ab_bench, plan_diff = tools
-    variants = ab_bench.parse_variants("old=SPLIT_EVEN_ROUNDS_MOST:0;new=")
-    committed = planner.SPLIT_EVEN_ROUNDS_MOST
-    defaults = {"SPLIT_EVEN_ROUNDS_MOST": committed}
+    variants = ab_bench.parse_variants("old=split_even_rounds_most:0,V.THREAD_ROW_SLOTS:4;new=")
+    committed = planner.V.THREAD_ROW_SLOTS
+    defaults = ab_bench.attribute_defaults(variants)
+    assert defaults == {"V.THREAD_ROW_SLOTS": committed}
     # float32 256x65536 (64 MiB) takes 1.55 rounds of the on-chip split, 333x50257 2.02, and 16-bit
-    # rows are not evened: only the first changes
+    # rows are not evened: only the first changes (the catalogue attribute changes none of these)
     specs = ["float32:256x65536", "float32:333x50257", "float16:256x131072"]
     changed = plan_diff.changed_specs(variants, specs, planner.DeviceProfile.h100(), defaults)
     assert changed == {("float32", "cached", 64.0): ["float32:256x65536"]}
-    assert planner.SPLIT_EVEN_ROUNDS_MOST == committed
+    assert planner.V.THREAD_ROW_SLOTS == committed and planner.default_tuning is ab_bench.COMMITTED_TUNING
+
+
+def test_ab_bench_variants_are_tunings(tools):
+    ab_bench, _ = tools
+    h100 = planner.DeviceProfile.h100()
+    (_, settings), = ab_bench.parse_variants("b=exact_group_max_bytes:{2:1},staged_group_orders:[True]")
+    tuning = ab_bench.variant_tuning(settings, h100)
+    # a dict and a list become a SizeMap and a tuple: the Tuning stays hashable, and plans
+    assert tuning == replace(planner.ASYNC_COPY_TUNING, exact_group_max_bytes=planner.SizeMap({2: 1}),
+                             staged_group_orders=(True,))
+    assert planner.plan(planner.RowProblem("float16", "softmax", 4096, 256), h100, tuning).tier
+    try:  # the API's plans take the variant's Tuning, and the committed one again after
+        ab_bench.use(settings, {})
+        assert planner.default_tuning(h100) == tuning
+    finally:
+        ab_bench.use({}, {})
+    assert planner.default_tuning is ab_bench.COMMITTED_TUNING
 
 
 def test_ab_bench_parses_variants_and_sizes_scan_specs(tools):
     ab_bench, _ = tools
-    knob = "SPLIT_EVEN_ROUNDS_MOST"
+    knob = "split_even_rounds_most"
     assert ab_bench.parse_variants(f"a=;b={knob}:0.5") == [("a", {}), ("b", {knob: 0.5})]
     assert ab_bench.split_top_level("A:(1,2),B:{3:4},C:5") == ["A:(1,2)", "B:{3:4}", "C:5"]
-    with pytest.raises(SystemExit, match="no knob 'NOT_A_KNOB'"):
-        ab_bench.parse_variants("a=NOT_A_KNOB:1")
+    with pytest.raises(SystemExit, match="no knob 'not_a_knob': not a field of planner.Tuning, nor V.NAME"):
+        ab_bench.parse_variants("a=not_a_knob:1")
+    with pytest.raises(SystemExit, match=r"fields are lower case: split_even_rounds_most\)"):
+        ab_bench.parse_variants("a=SPLIT_EVEN_ROUNDS_MOST:1")
+    with pytest.raises(SystemExit, match="no knob 'V.NOT_THERE': V. has no attribute 'NOT_THERE'"):
+        ab_bench.parse_variants("a=V.NOT_THERE:1")
     # rows fill the size: 1 MiB of float32 rows of 16 columns is 16384 rows, of float16 32768
     assert ab_bench.scan_specs("float32+float16:16+64:1") == [
         "float32:16384x16", "float32:4096x64", "float16:32768x16", "float16:8192x64"]

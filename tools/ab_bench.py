@@ -2,9 +2,11 @@
 
     python3 tools/ab_bench.py VARIANTS SPECS [--reps N]
 
-VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE (planner module attributes,
-V.NAME for the variant catalogue's, L.NAME for the launch module's (L.COOPERATIVE_LAUNCHES:True
-launches the on-chip tiers cooperatively); an empty list keeps the committed settings), SPECS a
+VARIANTS is a ';'-separated list of NAME=KNOB:VALUE,KNOB:VALUE: a KNOB is a field of the planner's
+Tuning (lower case, e.g. split_even_rounds_most:0; the variant plans with each device's default
+Tuning, those fields replaced), V.NAME for the variant catalogue's attributes or L.NAME for the
+launch module's (L.COOPERATIVE_LAUNCHES:True launches the on-chip tiers cooperatively); an empty
+list keeps the committed settings. SPECS a
 ','-separated list of dtype:RxC[:axis] (or empty, with --scan). Prints one line per (spec, op):
 each variant's % of the device-to-device copy, torch's, and the largest error against torch in float64
 (every variant is checked, so a fast wrong kernel shows). With --latency, the wall time per call
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+from dataclasses import fields, replace
 
 import torch
 
@@ -37,6 +40,12 @@ def split_top_level(text: str) -> list[str]:
     return parts
 
 
+#: the planner's knobs: the fields of its Tuning
+TUNING_FIELDS = frozenset(f.name for f in fields(planner.Tuning))
+#: each device's default Tuning as the planner picks it (a variant replaces fields of it)
+COMMITTED_TUNING = planner.default_tuning
+
+
 def parse_variants(text: str) -> list[tuple[str, dict]]:
     variants = []
     for item in filter(None, text.split(";")):
@@ -44,25 +53,47 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         settings = {}
         for knob in filter(None, split_top_level(knobs)):
             key, _, value = knob.partition(":")
-            if not hasattr(*owner_of(key)):
-                raise SystemExit(f"planner has no knob {key!r}")
+            if "." in key and not hasattr(*owner_of(key)):
+                raise SystemExit(f"no knob {key!r}: {key.split('.')[0]}. has no attribute {key.split('.', 1)[1]!r}")
+            if "." not in key and key not in TUNING_FIELDS:
+                hint = f" (fields are lower case: {key.lower()})" if key.lower() in TUNING_FIELDS else ""
+                raise SystemExit(f"no knob {key!r}: not a field of planner.Tuning{hint}, nor V.NAME or L.NAME")
             settings[key] = ast.literal_eval(value)
         variants.append((name, settings))
     return variants
 
 
 def owner_of(key: str) -> tuple[object, str]:
-    """The module a knob lives in and its name there: planner attributes, V.NAME for the variant
-    catalogue the planner reads (planner.V), or L.NAME for the launch module (_launch)."""
-    if key.startswith("L."):
-        return _launch, key[2:]
-    return (planner.V, key[2:]) if key.startswith("V.") else (planner, key)
+    """The module of a V.NAME or L.NAME knob and its name there: the variant catalogue the planner
+    reads (planner.V), or the launch module (_launch)."""
+    return (_launch if key.startswith("L.") else planner.V), key[2:]
 
 
-def use(settings: dict, defaults: dict) -> None:
+def attribute_defaults(variants: list[tuple[str, dict]]) -> dict:
+    """The committed values of the V. and L. attributes that any variant sets."""
+    return {key: getattr(*owner_of(key)) for _, settings in variants for key in settings if "." in key}
+
+
+def variant_tuning(settings: dict, device: planner.DeviceProfile) -> planner.Tuning:
+    """The device's default Tuning with a variant's Tuning fields replaced."""
+    return replace(COMMITTED_TUNING(device), **{k: v for k, v in settings.items() if "." not in k})
+
+
+def set_attributes(settings: dict, defaults: dict) -> None:
+    """A variant's V. and L. attributes set, every other variant's restored (`defaults`); cached
+    plans dropped (made under other attributes)."""
     for key, value in {**defaults, **settings}.items():
         setattr(*owner_of(key), value)
     planner.plan.cache_clear()
+
+
+def use(settings: dict, defaults: dict) -> None:
+    """Run the API as a variant: its V. and L. attributes set, and each device's default Tuning
+    (planner.default_tuning, which the API's calls plan with) its variant_tuning; cached plans and
+    prepared launches dropped."""
+    planner.default_tuning = COMMITTED_TUNING if not settings else (
+        lambda device: variant_tuning(settings, device))
+    set_attributes(settings, defaults)
     api._prepared.clear()  # launches prepared under the other settings
 
 
@@ -86,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     args.specs = ",".join(filter(None, [args.specs] + [",".join(scan_specs(t)) for t in args.scan]))
     variants = parse_variants(args.variants)
-    defaults = {key: getattr(*owner_of(key)) for _, s in variants for key in s}
+    defaults = attribute_defaults(variants)
     if args.latency:
         latency(variants, defaults, args.specs)
         return

@@ -15,24 +15,17 @@ import argparse
 import collections
 import random
 import sys
-from dataclasses import replace
 
-from ab_bench import owner_of, parse_variants, scan_specs, use
+from ab_bench import attribute_defaults, parse_variants, scan_specs, set_attributes, variant_tuning
 
 from portable_softmax import planner
-
-
-def variant_tuning(settings: dict, device: planner.DeviceProfile) -> planner.Tuning:
-    """The device family's Tuning with a variant's planner knobs (NAME: the field name.lower())."""
-    fields = {key.lower(): value for key, value in settings.items() if "." not in key}
-    return replace(planner.default_tuning(device), **fields)
 
 
 def changed_specs(variants: list[tuple[str, dict]], specs: list[str], device: planner.DeviceProfile,
                   defaults: dict) -> dict[tuple[str, str, float], list[str]]:
     """The specs whose plan differs between the first variant and any other, by (dtype, the first
-    variant's tier, input MiB). Planner knobs go in as a Tuning; catalogue knobs (V.NAME) are set
-    for the variant and restored."""
+    variant's tier, input MiB). Each variant plans with its Tuning (variant_tuning); its V. and L.
+    attributes are set while it plans, and restored (`defaults`, attribute_defaults)."""
     changed = collections.defaultdict(list)
     tunings = [variant_tuning(settings, device) for _, settings in variants]
     for spec in specs:
@@ -41,9 +34,9 @@ def changed_specs(variants: list[tuple[str, dict]], specs: list[str], device: pl
         problem = planner.RowProblem(dtype, "softmax", rows, cols)
         plans = []
         for (_, settings), tuning in zip(variants, tunings):
-            use({k: v for k, v in settings.items() if "." in k}, {k: v for k, v in defaults.items() if "." in k})
+            set_attributes({k: v for k, v in settings.items() if "." in k}, defaults)
             plans.append(planner.plan(problem, device, tuning))
-        use({}, {k: v for k, v in defaults.items() if "." in k})
+        set_attributes({}, defaults)
         if any(p != plans[0] for p in plans[1:]):
             mib = round(rows * cols * planner.V.DTYPES[dtype][2] / (1 << 20), 2)
             changed[dtype, plans[0].tier, mib].append(spec)
@@ -62,7 +55,7 @@ def main() -> None:
     variants = parse_variants(args.variants)
     if len(variants) < 2:
         raise SystemExit("give two variants or more: the first is the one the others are compared with")
-    defaults = {key: getattr(*owner_of(key)) for _, s in variants for key in s}
+    defaults = attribute_defaults(variants)
     device = getattr(planner.DeviceProfile, args.profile)()
     specs = [spec for text in args.scan for spec in scan_specs(text)]
     rng = random.Random(args.seed)
