@@ -460,7 +460,7 @@ def test_packed_blocks_of_two_tiles_over_several_rounds(async_library, async_pla
 
 @pytest.mark.parametrize("copies", ["sync", "async"])
 def test_on_chip_split_with_float32_blocks_of_384_threads(request, rng, copies):
-    """The on-chip split at the block size the planner gives float32 rows (CACHED_THREADS_BY_ITEMSIZE:
+    """The on-chip split at the block size the planner gives float32 rows (cached_threads_by_itemsize:
     12 warps of 32, or 6 of 64), on a device that allows it, with and without asynchronous copies:
     enough rows for three rounds of the grid and a partial fourth, so that blocks refill their caches;
     rows a multiple of 128 bytes long, and one vector longer, so that rows start at different
@@ -574,7 +574,7 @@ def test_rows_held_partly_in_registers(request, async_planner, monkeypatch, rng,
     registers past the row, read as -inf), and rows one slot past the registers and longer (the
     last slot always in shared memory), starting on a vector and one element into it (the first
     held slot partial). Blocks of 256 threads, and 128 where two such blocks share a
-    multiprocessor (ROW_REGISTERS_PAIRED), not the planner's 1024 and 512: the kernel holds
+    multiprocessor (row_registers_paired), not the planner's 1024 and 512: the kernel holds
     kRowRegisterSlots a thread at any block size, and every emulated thread keeps a fiber stack
     mapped per host thread."""
     tune_defaults(monkeypatch, row_registers_threads=256)
@@ -612,7 +612,7 @@ def test_on_chip_split_with_chunks_partly_in_registers(request, async_planner, m
     partial), and input and output a different element off a vector (scalar slots), enough rows
     for three rounds of the grid and part of a fourth, so that the next row's held slots and cache
     are loaded while a row is stored. Last, with chunk boundaries on
-    multiples of 1024 slots (CHUNK_ALIGN_BYTES raised), rows whose last chunk ends inside the held
+    multiples of 1024 slots (chunk_align_bytes raised), rows whose last chunk ends inside the held
     slots: the row's partial tail slot in registers, and no cache part."""
     tune_defaults(monkeypatch, row_registers=False)
     tune_defaults(monkeypatch, block_tier_whole_sm=False)

@@ -575,7 +575,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
 @pytest.mark.parametrize("held", [True, False])
 def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
     """float32 rows that take one and a half rounds of the on-chip split's grid, cut into more
-    chunks so that both rounds take as many rows (SPLIT_EVEN_ROUNDS_MOST), with NaN, +inf and -inf
+    chunks so that both rounds take as many rows (split_even_rounds_most), with NaN, +inf and -inf
     rows and whole chunks of -inf; held: each chunk's first slots in registers."""
     from portable_softmax import api, planner
 
@@ -622,7 +622,7 @@ def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
                                                        ("float32", 61, "staged", False)])
 def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, tier, padded):
     """Contiguous short rows staged through shared memory as inputs past the small-input rules plan
-    them (rules off, and rows a group of the register tier fills as past EXACT_GROUP_MAX_BYTES, so
+    them (rules off, and rows a group of the register tier fills as past exact_group_max_bytes, so
     that a few thousand rows do): a group of lanes a row, in tiles padded by a slot a row where rows
     are a power-of-two number of 16-byte slots, or a thread a row; a partial last tile, with NaN,
     +inf and -inf rows."""

@@ -204,7 +204,7 @@ def test_bank_ways_of_groups_taking_consecutive_rows():
 
 
 def test_bank_ways_of_groups_taking_interleaved_rows():
-    """The groups of 32 lanes on rows STAGED_THREADS / 32 = 4 apart; counted by hand."""
+    """The groups of 32 lanes on rows staged_threads / 32 = 4 apart; counted by hand."""
     def ways(cols: int, lanes: int) -> int:
         return planner.staged_bank_ways(DEFAULT_TUNING, RowProblem("float16", "softmax", 1000, cols), lanes, None, True)
 
@@ -219,12 +219,12 @@ def test_bank_ways_of_groups_taking_interleaved_rows():
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     """Where copies are asynchronous, 16-bit rows and float32 rows of up to 600 bytes take the fewest
-    lanes a row (of 4, 8, 16) whose lanes get STAGED_GROUP_MIN_WORDS words each, whose tile of a row
-    a group fits STAGED_GROUP_TILE_BYTES and whose warp reads no bank more than twice at once; other
-    rows, and rows of up to STAGED_SHORT_ROW_BYTES, keep their tiers, but for those of more than
-    STAGED_GROUP_SHORT_MIN_ROW_BYTES that are an even number of words, and padded ones (16-bit
-    rows past EXACT_GROUP_MAX_BYTES: float32 rows of 64 columns, and smaller 16-bit inputs, take the
-    register tier's groups, EXACT_GROUP_MIN_LANES)."""
+    lanes a row (of 4, 8, 16) whose lanes get staged_group_min_words words each, whose tile of a row
+    a group fits staged_group_tile_bytes and whose warp reads no bank more than twice at once; other
+    rows, and rows of up to staged_short_row_bytes, keep their tiers, but for those of more than
+    staged_group_short_min_row_bytes that are an even number of words, and padded ones (16-bit
+    rows past exact_group_max_bytes: float32 rows of 64 columns, and smaller 16-bit inputs, take the
+    register tier's groups, exact_group_min_lanes)."""
     def chosen(dtype: str, cols: int) -> tuple[str, int | None]:
         p = plan_large(RowProblem(dtype, "softmax", 1 << 20, cols), device)
         return p.tier, p.notes.get("lanes")
@@ -261,11 +261,11 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert misaligned.tier != "staged_group"  # unpadded, every group of a warp on the same banks
     # 256 bytes, padded
     assert plan_large(RowProblem("float16", "softmax", 1 << 20, 128), device).notes["row_shift"] == 4
-    # within EXACT_GROUP_MAX_BYTES, and float32 rows of 64 columns at any size: the register tier's groups
+    # within exact_group_max_bytes, and float32 rows of 64 columns at any size: the register tier's groups
     assert plan_large(RowProblem("float16", "softmax", 1 << 16, 256), device).tier == "warp"
     assert chosen("float32", 64)[0] == "warp"
-    # a tile of about STAGED_GROUP_BYTES_PER_THREAD a thread where that is STAGED_GROUP_MIN_TILE_BYTES or
-    # more, else (and padded) STAGED_WARP_BYTES_PER_THREAD
+    # a tile of about staged_group_bytes_per_thread a thread where that is staged_group_min_tile_bytes or
+    # more, else (and padded) staged_warp_bytes_per_thread
     def tile_rows(cols: int) -> int:
         return plan_large(RowProblem("float16", "softmax", 1 << 20, cols), device).notes["tile_rows"]
 
@@ -277,9 +277,9 @@ def test_groups_of_lanes_take_rows_whose_banks_they_share_least(device):
     assert plan_large(RowProblem("float16", "softmax", 1 << 20, 512), device).notes["row_shift"] == -1
     # padded rows of up to 128 bytes stay a thread a row (1000 rows: too few blocks for the packed tier)
     assert plan_large(RowProblem("float16", "softmax", 1000, 64), device).notes.get("lanes") == 1
-    assert chosen("float32", 128)[0] == "warp"  # scalar slots (SCALAR_ROWS_MIN_COLS)
+    assert chosen("float32", 128)[0] == "warp"  # scalar slots (scalar_rows_min_cols)
     assert chosen("float32", 100) == ("staged_group", 4)  # 100 words: each group on its own banks
-    assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (STAGED_GROUP_MAX_ROW_BYTES)
+    assert chosen("float32", 300)[0] != "staged_group"  # float32 rows over 600 bytes (staged_group_max_row_bytes)
     assert chosen("float64", 50)[0] != "staged_group"
     padded = plan_large(RowProblem("float16", "softmax", 1 << 20, 300, x_stride=304, y_stride=304), device)
     assert padded.tier != "staged_group"  # rows that are not one span
@@ -329,8 +329,8 @@ def test_rows_of_a_few_elements_are_packed_into_vectors(device, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtype):
     """16-bit rows of 9, 11 and 13 columns (groups of 72-104 values, widened a row at a time) are
-    packed in blocks of PACKED_WIDE_GROUP_THREADS from PACKED_WIDE_MIN_GROUPS_PER_SM groups a
-    multiprocessor on, and staged below; groups of up to 64 values keep PACKED_THREADS."""
+    packed in blocks of packed_wide_group_threads from packed_wide_min_groups_per_sm groups a
+    multiprocessor on, and staged below; groups of up to 64 values keep packed_threads."""
     vec = V.vector_widths(dtype)[1]
     least = T.packed_wide_min_groups_per_sm * device.multiprocessors
     for cols in (9, 11, 13):
@@ -348,8 +348,8 @@ def test_wide_packed_groups_take_small_blocks_from_enough_groups_on(device, dtyp
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_reads_poorly(device):
-    """Under the small-input rules a packed grid short of SMALL_INPUT_BLOCKS_PER_SM blocks a
-    multiprocessor gives each block one round (PACKED_ROUNDS where the grid is large enough), and
+    """Under the small-input rules a packed grid short of small_input_blocks_per_sm blocks a
+    multiprocessor gives each block one round (packed_rounds where the grid is large enough), and
     the rows those rules keep off the staged tiers are packed as the register tier would take them."""
     wanted = ceil(T.small_input_blocks_per_sm * device.multiprocessors)
     for cols, nbytes in ((5, 3 << 20), (7, 8 << 20), (20, 256 << 10), (20, 1 << 20), (5, 256 << 20)):
@@ -363,7 +363,7 @@ def test_small_packed_inputs_take_one_round_a_block_and_rows_the_register_tier_r
         two = p.notes["stages"] == 2 and ceil(groups / (T.packed_threads * T.packed_rounds)) >= wanted
         assert rounds == (T.packed_rounds if two else 1), (cols, nbytes, launch, rounds)
     # rows the register tier would take as scalars (16-bit 18 and 28 columns) are packed on any grid,
-    # rows it takes as partial vectors (36 and 44) from PACKED_UNSTAGED_PARTIAL_MIN_GROUPS_PER_SM
+    # rows it takes as partial vectors (36 and 44) from packed_unstaged_partial_min_groups_per_sm
     # groups a multiprocessor on, rows of whole vectors (56, 64) under the floors of larger inputs
     for cols in (18, 28):
         assert plan(RowProblem("float16", "softmax", 100, cols), device).tier == "packed", cols
@@ -449,7 +449,7 @@ def test_misaligned_input_and_output_fall_back_to_scalar_slots():
 def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fill_the_grid(dtype):
     """Fewer rows than multiprocessors take the on-chip split with slots in registers where the
     held form's chunks, as long as it makes them, are at least the blocks it keeps resident (the
-    element sizes of SPLIT_REGISTERS_FULL_GRID); fewer rows keep whole chunks in shared memory, cut
+    element sizes of split_registers_full_grid); fewer rows keep whole chunks in shared memory, cut
     small to spread over the device."""
     device = PROFILES["h100"]
     itemsize = V.DTYPES[dtype][2]
@@ -476,7 +476,7 @@ def test_fewer_rows_than_multiprocessors_hold_chunk_slots_where_their_chunks_fil
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_on_chip_split_rounds_take_as_many_rows_each(device):
-    """Rows of SPLIT_EVEN_ROUNDS_ITEMSIZES that take more than one and at most SPLIT_EVEN_ROUNDS_MOST
+    """Rows of split_even_rounds_itemsizes that take more than one and at most split_even_rounds_most
     rounds of the on-chip split's grid are cut into more chunks, so that every round takes as many
     rows in at most as many blocks; every other plan stays as it was."""
     evened = 0
@@ -660,7 +660,7 @@ def test_rows_one_block_holds_go_alone_on_a_multiprocessor_where_copies_are_asyn
 
 def test_rows_a_block_alone_takes_need_waves_of_blocks_else_split():
     """A block alone on its multiprocessor (the block tier's whole-multiprocessor rows, and rows in
-    registers and shared memory) only where the rows make BLOCK_ALONE_MIN_WAVES waves of them:
+    registers and shared memory) only where the rows make block_alone_min_waves waves of them:
     fewer rows go to the on-chip split, spread over every multiprocessor."""
     h100 = PROFILES["h100"]
     waves = T.block_alone_min_waves * h100.multiprocessors
@@ -758,7 +758,7 @@ def test_generated_entry_points_match_the_catalogue(tmp_path):
 
 def test_block_tier_rows_fewer_than_multiprocessors_take_more_threads():
     """A small input's call waits on one row's latency: with fewer rows than multiprocessors a block
-    takes BLOCK_TIER_FEW_ROWS_SLOTS_PER_THREAD slots a thread, else BLOCK_TIER_SLOTS_PER_THREAD."""
+    takes block_tier_few_rows_slots_per_thread slots a thread, else block_tier_slots_per_thread."""
     h100 = PROFILES["h100"]
     few = plan_large(RowProblem("float32", "softmax", 32, 4096), h100)
     many = plan_large(RowProblem("float32", "softmax", 200, 4096), h100)
@@ -774,12 +774,12 @@ STAGED_TIERS = ("staged", "staged_group", "staged_warp")
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_small_inputs_spread_over_the_multiprocessors(device, dtype):
-    """Under the small-input rules, rows of 16 or more columns under SMALL_INPUT_UNSTAGED_BYTES, and
-    up to SMALL_INPUT_GROUP_BYTES those a lane group of fewer lanes than a warp holds in one 16-byte
+    """Under the small-input rules, rows of 16 or more columns under small_input_unstaged_bytes, and
+    up to small_input_group_bytes those a lane group of fewer lanes than a warp holds in one 16-byte
     slot a lane, skip the staged tiers; inputs whose grid would fall short of
-    SMALL_INPUT_BLOCKS_PER_SM blocks a multiprocessor take smaller tiles or blocks (never fewer
-    blocks), but for the block tier's, which under SMALL_INPUT_BLOCK_BYTES (by element size,
-    SMALL_INPUT_BLOCK_BYTES_BY_ITEMSIZE) take the warps of
+    small_input_blocks_per_sm blocks a multiprocessor take smaller tiles or blocks (never fewer
+    blocks), but for the block tier's, which under small_input_block_bytes (by element size,
+    small_input_block_bytes_by_itemsize) take the warps of
     _small_input_block_warps; the rest plan exactly as without the rules. (The few-tiles rule that
     extends them is off here: test_few_staged_tiles_give_way.)"""
     itemsize = V.DTYPES[dtype][2]
@@ -854,10 +854,10 @@ def _plans_with_and_without(tuning: Tuning, knob: str, problem: RowProblem, devi
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_rows_within_a_wave_take_one_row_a_warp(device):
     """Rows a whole warp reads several at a time go one a warp where they fit
-    SMALL_INPUT_ONE_ROW_A_WARP_WAVES waves of resident warps, on the shortest whole-warp variant of
+    small_input_one_row_a_warp_waves waves of resident warps, on the shortest whole-warp variant of
     the same vectors that takes one row a step, holds the row and holds at most
-    ONE_ROW_A_WARP_MOST_SLOTS times the slots a lane needs (of one slot taking one row a step where
-    that holds it: ONE_ROW_A_WARP_SHALLOW); more rows, lane groups and rows already one a warp plan
+    one_row_a_warp_most_slots times the slots a lane needs (of one slot taking one row a step where
+    that holds it: one_row_a_warp_shallow); more rows, lane groups and rows already one a warp plan
     as without the rule."""
     tuning = replace(default_tuning(device), small_input_one_row_group_waves=0.0)  # its own test below
     waves = T.small_input_one_row_a_warp_waves
@@ -898,8 +898,8 @@ def test_rows_within_a_wave_take_one_row_a_warp(device):
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_small_inputs_lane_groups_take_one_row_a_step(device):
     """A small input's register-tier groups that take several rows a step take one instead (the
-    same lanes, slots and vectors) where their warps then fit SMALL_INPUT_ONE_ROW_GROUP_WAVES waves
-    of resident warps (up to SMALL_INPUT_GROUP_BYTES for lane groups of fewer lanes than a warp);
+    same lanes, slots and vectors) where their warps then fit small_input_one_row_group_waves waves
+    of resident warps (up to small_input_group_bytes for lane groups of fewer lanes than a warp);
     larger inputs and groups of one row a step plan as without the rule."""
     waves = T.small_input_one_row_group_waves
     warp, changed = device.warp_size, 0
@@ -933,8 +933,8 @@ def test_small_inputs_lane_groups_take_one_row_a_step(device):
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_rows_a_group_fills_take_one_row_a_step(device):
-    """Rows of whole 16-byte vectors that fill a lane group of EXACT_GROUP_MIN_LANES or more lanes, a
-    slot each, take that group's one-row kernel at every size within EXACT_GROUP_MAX_BYTES (without
+    """Rows of whole 16-byte vectors that fill a lane group of exact_group_min_lanes or more lanes, a
+    slot each, take that group's one-row kernel at every size within exact_group_max_bytes (without
     the rule, their larger inputs plan otherwise); rows that fill fewer lanes, or part of a group, or
     start off a vector, or take scalar slots, and larger inputs, do not."""
     warp, tuning = device.warp_size, large_input_tuning(device)
@@ -969,7 +969,7 @@ def test_rows_a_group_fills_take_one_row_a_step(device):
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_mid_size_inputs_of_lane_group_rows_skip_the_staged_tiers(device):
-    """Inputs of SMALL_INPUT_UNSTAGED_BYTES up to SMALL_INPUT_GROUP_BYTES whose rows a lane group of
+    """Inputs of small_input_unstaged_bytes up to small_input_group_bytes whose rows a lane group of
     fewer lanes than a warp holds in one 16-byte slot a lane take the register tier; past that size,
     and rows of a whole warp's group, keep the staged tiers where copies are asynchronous (the
     few-tiles rule, which may move them too, off: test_few_staged_tiles_give_way)."""
@@ -1000,12 +1000,12 @@ FEW_TILES_COLS = {"float16": (264, 300, 384, 448, 512, 513, 600, 640, 777, 1000,
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_few_staged_tiles_give_way(device):
     """A staged plan of rows longer than a 16-byte vector a lane of a warp (or of float32 rows of 16
-    columns or more, FEW_TILES_SHORT_ROW_ITEMSIZES) that covers them in fewer than
-    STAGED_MIN_TILES_PER_SM tiles a multiprocessor gives way to the block tier (the small-input
+    columns or more, few_tiles_short_row_itemsizes) that covers them in fewer than
+    staged_min_tiles_per_sm tiles a multiprocessor gives way to the block tier (the small-input
     block's warps; longer rows only) or to the register tier, where the rows read whole slots (whole
     16-byte vectors, or float32 scalar slots); to the register tier or a block of one warp only
-    under STAGED_MIN_TILES_PER_SM_ONE_WARP tiles, and where a one-warp block, or a lane of two or
-    more vectors, is filled to FEW_TILES_MIN_FILL. Every other plan stays as it was."""
+    under staged_min_tiles_per_sm_one_warp tiles, and where a one-warp block, or a lane of two or
+    more vectors, is filled to few_tiles_min_fill. Every other plan stays as it was."""
     tuning = replace(default_tuning(device), few_tiles_blocks_per_sm=0.0)  # the staged plans kept: as they were
     warp = device.warp_size
     threshold = tuning.staged_min_tiles_per_sm
@@ -1034,7 +1034,7 @@ def test_few_staged_tiles_give_way(device):
             if after.tier == "warp":
                 variant = _warp_variant_of(after, problem, device)
                 assert one_warp_tiles, what
-                if variant.vec > 1:  # whole 16-byte vectors; two or more a lane filled to FEW_TILES_MIN_FILL
+                if variant.vec > 1:  # whole 16-byte vectors; two or more a lane filled to few_tiles_min_fill
                     assert variant.vec * itemsize == 16 and cols % variant.vec == 0, what
                     assert slots == cols // variant.vec, what
                     assert variant.slots == 1 or slots >= tuning.few_tiles_min_fill * variant.lanes * variant.slots
@@ -1067,9 +1067,9 @@ def test_few_staged_tiles_give_way(device):
 
 @pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
 def test_few_staged_tiles_cut_smaller(device):
-    """A staged plan that stays on the staged tiers with fewer than STAGED_MIN_TILES_PER_SM tiles a
-    multiprocessor, of an input of FEW_TILES_SMALLER_MIN_BYTES or more, keeps its tier and kernel but
-    cuts its tiles toward FEW_TILES_BLOCKS_PER_SM blocks a multiprocessor (down to a row a thread or
+    """A staged plan that stays on the staged tiers with fewer than staged_min_tiles_per_sm tiles a
+    multiprocessor, of an input of few_tiles_smaller_min_bytes or more, keeps its tier and kernel but
+    cuts its tiles toward few_tiles_blocks_per_sm blocks a multiprocessor (down to a row a thread or
     lane group a step). Every other plan stays as it was."""
     threshold = T.staged_min_tiles_per_sm * device.multiprocessors
     wanted = ceil(T.few_tiles_blocks_per_sm * device.multiprocessors)
@@ -1105,7 +1105,7 @@ def test_few_staged_tiles_cut_smaller(device):
         # float32 262144x9 at 9 MiB: 3.9 -> 15.5 tiles a multiprocessor; float16 9198x513: 4.4 -> 8.7
         assert plan(RowProblem("float32", "softmax", 262144, 9), device).notes["tile_rows"] == 128
         assert plan(RowProblem("float16", "softmax", 9198, 513), device).notes["tile_rows"] == 8
-        # under FEW_TILES_SMALLER_MIN_BYTES (float16 52428x10, 1 MiB), and from 8 tiles on (float32
+        # under few_tiles_smaller_min_bytes (float16 52428x10, 1 MiB), and from 8 tiles on (float32
         # 748982x7 at 20 MiB: 8.9), as they were
         assert plan(RowProblem("float16", "softmax", 52428, 10), device).notes["tile_rows"] == 128
         assert plan(RowProblem("float32", "softmax", 748982, 7), device).notes["tile_rows"] == 640
