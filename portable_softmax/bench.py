@@ -53,6 +53,14 @@ class Result:
     ours_pct_of_copy: float
     torch_pct_of_copy: float | None
     max_abs_error_vs_float64: float | None = None
+    #: torch.compile of the op's formula (the backward ops), as % of the copy
+    compiled_pct_of_copy: float | None = None
+
+
+#: the ops the bench times: the forward ones move 2 streams (read x, write y), the gradients 3 (dy, y, dx)
+FORWARD_OPS = ("softmax", "log_softmax")
+BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
+ALL_OPS = FORWARD_OPS + BACKWARD_OPS
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -210,6 +218,12 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
             nbytes = 2 * x.numel() * x.element_size()
             copy_ms = fastest_copy_ms(timer, copies, x, y)
             for op in ops:
+                if op in BACKWARD_OPS:
+                    r = _time_backward(torch, ps, timer, dtype, x, axis, op, copy_ms, nbytes, check)
+                    results.append(r)
+                    if progress is not None:
+                        progress(r)
+                    continue
                 ours = ps.softmax if op == "softmax" else ps.log_softmax
                 theirs = torch.softmax if op == "softmax" else torch.log_softmax
                 ours_ms = timer.median_ms(lambda x=x, y=y, ours=ours: ours(x, axis=axis, out=y))
@@ -229,6 +243,58 @@ def run_bench(shapes_by_dtype: dict[str, list[tuple[int, ...]]], ops: list[str],
             del x, y
             torch.cuda.empty_cache()
     return results
+
+
+_compiled_formulas: dict = {}
+
+
+def _compiled_backward(torch, op: str):
+    """torch.compile of the gradient's formula (what inductor makes of a training step's backward)."""
+    if op not in _compiled_formulas:
+        if op == "softmax_backward":
+            def formula(dy, y, axis: int):
+                w = y.float()
+                return (w * (dy.float() - (dy.float() * w).sum(axis, keepdim=True))).to(y.dtype)
+        else:
+            def formula(dy, y, axis: int):
+                return (dy.float() - y.float().exp() * dy.float().sum(axis, keepdim=True)).to(y.dtype)
+        _compiled_formulas[op] = torch.compile(formula, dynamic=False)
+    return _compiled_formulas[op]
+
+
+def _time_backward(torch, ps, timer, dtype, x, axis: int, op: str, copy_ms: float, forward_bytes: int,
+                   check: bool) -> Result:
+    """One gradient op: 3 streams (dy, y read, dx written), against the copy's bandwidth; torch's own
+    backward (aten._softmax_backward_data) and torch.compile of the formula beside it."""
+    forward = torch.softmax if op == "softmax_backward" else torch.log_softmax
+    y = forward(x.float(), dim=axis).to(x.dtype)
+    dy = torch.randn_like(x, dtype=torch.float32).to(x.dtype)
+    dx = torch.empty_like(x)
+    ours = ps.softmax_backward if op == "softmax_backward" else ps.log_softmax_backward
+    aten = (torch.ops.aten._softmax_backward_data if op == "softmax_backward"
+            else torch.ops.aten._log_softmax_backward_data)
+    nbytes = forward_bytes * 3 // 2
+    copy_3_ms = copy_ms * 3 / 2  # the copy's bandwidth over 3 streams
+    ours_ms = timer.median_ms(lambda: ours(dy, y, axis, out=dx))
+    err = None
+    if check and x.numel() <= 1 << 27:
+        d, w = dy.double(), y.double()
+        if op == "softmax_backward":
+            ref = w * (d - (d * w).sum(axis, keepdim=True))
+        else:
+            ref = d - w.exp() * d.sum(axis, keepdim=True)
+        ours(dy, y, axis, out=dx)
+        err = float((dx.double() - ref).abs().nan_to_num(0).max())
+        del ref, d, w
+    torch_ms = timer.median_ms(lambda: aten(dy, y, axis, x.dtype))
+    compiled = _compiled_backward(torch, op)
+    try:
+        compiled_ms = timer.median_ms(lambda: compiled(dy, y, axis))
+    except Exception:  # no working compiler toolchain here: the column stays empty
+        compiled_ms = None
+    return Result(dtype, op, tuple(x.shape), axis, nbytes, nbytes / copy_3_ms / 1e6, nbytes / ours_ms / 1e6,
+                  nbytes / torch_ms / 1e6, 100 * copy_3_ms / ours_ms, 100 * copy_3_ms / torch_ms, err,
+                  100 * copy_3_ms / compiled_ms if compiled_ms else None)
 
 
 def paired_rounds(ours: list[float], theirs: list[float]) -> dict:
@@ -293,20 +359,28 @@ def render_table(results: list[Result], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("dtype", "op", "shape", "copy GB/s", "ours GB/s", "ours % copy", "torch % copy", "max |err|"):
+    compiled = any(r.compiled_pct_of_copy is not None for r in results)
+    cols = ("dtype", "op", "shape", "copy GB/s", "ours GB/s", "ours % copy", "torch % copy",
+            *(("compile % copy",) if compiled else ()), "max |err|")
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("dtype", "op") else "left")
     for r in results:
+        extra = ((f"{r.compiled_pct_of_copy:.0f}" if r.compiled_pct_of_copy else "-"),) if compiled else ()
         table.add_row(r.dtype, r.op, "x".join(map(str, r.shape)), f"{r.copy_gbs:.0f}", f"{r.ours_gbs:.0f}",
                       f"{r.ours_pct_of_copy:.0f}", f"{r.torch_pct_of_copy:.0f}" if r.torch_pct_of_copy else "-",
+                      *extra,
                       f"{r.max_abs_error_vs_float64:.1e}" if r.max_abs_error_vs_float64 is not None else "-")
     return table
 
 
 def markdown_table(results: list[Result]) -> str:
     """One row per (dtype, shape): each op as % of the copy, beside torch's."""
-    ops = sorted({r.op for r in results}, key=["softmax", "log_softmax"].index)
-    head = "| dtype | shape | " + " | ".join(f"{op} % of copy | torch.{op} %" for op in ops) + " | copy GB/s |"
-    lines = [head, "|---" * (3 + 2 * len(ops)) + "|"]
+    ops = sorted({r.op for r in results}, key=list(ALL_OPS).index)
+    compiled = [op for op in ops if any(r.op == op and r.compiled_pct_of_copy is not None for r in results)]
+    head = "| dtype | shape | " + " | ".join(
+        f"{op} % of copy | torch.{op} %" + (f" | torch.compile {op} %" if op in compiled else "") for op in ops
+    ) + " | copy GB/s |"
+    lines = [head, "|---" * (3 + 2 * len(ops) + len(compiled)) + "|"]
     by_shape: dict = {}
     for r in results:
         by_shape.setdefault((r.dtype, r.shape, r.axis), {})[r.op] = r
@@ -315,6 +389,8 @@ def markdown_table(results: list[Result]) -> str:
         for op in ops:
             r = rs.get(op)
             cells += [f"{r.ours_pct_of_copy:.0f}", f"{r.torch_pct_of_copy:.0f}"] if r else ["-", "-"]
+            if op in compiled:
+                cells.append(f"{r.compiled_pct_of_copy:.0f}" if r and r.compiled_pct_of_copy else "-")
         copy = next(iter(rs.values())).copy_gbs
         lines.append(f"| {dtype} | {'x'.join(map(str, shape))} | " + " | ".join(cells) + f" | {copy:.0f} |")
     return "\n".join(lines)
@@ -542,6 +618,9 @@ def _cpu_main(args, stderr) -> int:
         target = int((args.mib or CPU_MIB) * (1 << 20))
         by_dtype = {d: default_shapes(d, target, CPU_COLS) for d in dtypes}
     ops = args.ops.split(",")
+    if set(ops) & set(BACKWARD_OPS):
+        raise BenchError("the CPU bench times softmax and log_softmax; --ops softmax_backward and "
+                         "log_softmax_backward need a GPU visible to torch")
     with Progress(console=stderr) as progress:
         task = progress.add_task("timing the CPU backend", total=sum(len(s) for s in by_dtype.values()) * len(ops))
         results = run_cpu_bench(by_dtype, ops, args.axis, reps, progress=lambda r: progress.advance(task))

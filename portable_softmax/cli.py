@@ -24,6 +24,7 @@ import numpy as np
 from . import __version__, _probe, _tolerance, reference
 from ._dtypes import SUPPORTED, host_dtype, storage_name
 from .api import log_softmax, softmax
+from .bench import ALL_OPS
 
 DEMO_SHAPE = (4096, 1000)
 #: ``run`` writes at most this many values to stdout unless asked with ``-o -``
@@ -358,7 +359,7 @@ def _bench(args) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise InputError("--plot needs matplotlib: pip install 'portable_softmax[bench]'") from None
-    for flag, known in (("ops", ("softmax", "log_softmax")), ("dtypes", SUPPORTED)):
+    for flag, known in (("ops", ALL_OPS), ("dtypes", SUPPORTED)):
         value = getattr(args, flag)
         unknown = [v for v in (value.split(",") if value else []) if v not in known]
         if unknown:
@@ -424,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float16,bfloat16 on a GPU; "
                        "float32 on the CPU)")
     bench.add_argument("--ops", default="softmax,log_softmax",
-                       help="comma-separated ops to time: softmax, log_softmax (default: both)")
+                       help="comma-separated ops to time: softmax, log_softmax (default: both), and the "
+                       "gradients softmax_backward, log_softmax_backward (3 streams each; GPU only)")
     bench.add_argument("--axis", type=int, default=-1,
                        help="the axis normalised along, for every shape (default: -1, the last)")
     bench.add_argument("--mib", type=float,

@@ -1,0 +1,195 @@
+"""The gradient kernels on a real GPU: every regime and dtype, views, out=, streams, CUDA graphs, threads
+and torch's autograd. Run on a machine with a GPU: ``pytest -m gpu``. Skipped elsewhere with the reason.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from test_backward import assert_gradient, forward_output
+
+import portable_softmax as ps
+from portable_softmax import _probe
+from portable_softmax._dtypes import host_dtype
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_reason() -> str | None:
+    try:
+        _probe.runtime("cuda")
+        return None
+    except _probe.BackendUnavailableError as e:
+        return f"no CUDA device here ({e})"
+
+
+needs_cuda = pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+def _to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(host_dtype("bfloat16"))
+    return t.numpy()
+
+
+def _to_torch(a: np.ndarray):
+    import torch
+
+    if a.dtype == host_dtype("bfloat16"):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    return torch.from_numpy(a).cuda()
+
+
+def _tier(dy, y, axis, op) -> str:
+    from portable_softmax import _backward
+    from portable_softmax.layout import describe
+
+    src = _backward.classify(dy)
+    layout = describe(tuple(dy.shape), src.strides, axis % dy.ndim)
+    problem = _backward._problem(src.dtype, op, layout, layout, layout, (0, 0, 0))
+    return _backward.plan_backward(problem, _probe.runtime("cuda").profile(0)).tier
+
+
+#: shapes that take each regime on an H100/H200 class device
+SHAPES = [(4096, 1), (1000, 7), (2048, 32), (512, 1000), (256, 8192), (64, 50257), (8, 131072),
+          (1, 2_000_000), (2, 20_000_000)]
+FNS = {"softmax": ps.softmax_backward, "log_softmax": ps.log_softmax_backward}
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", FNS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_cupy_every_regime(rng, dtype, op):
+    cupy = pytest.importorskip("cupy")
+    tiers = set()
+    for shape in SHAPES:
+        if dtype == "float64" and shape[0] * shape[1] > 4_000_000:
+            continue
+        y = forward_output(rng, shape, 1, op, dtype)
+        dy = rng.standard_normal(shape).astype(y.dtype)
+        dy_d, y_d = cupy.asarray(dy), cupy.asarray(y)
+        out = cupy.full(shape, np.nan, dtype=y.dtype)  # poisoned
+        assert FNS[op](dy_d, y_d, 1, out=out) is out
+        tiers.add(_tier(dy_d, y_d, 1, op))
+        assert_gradient(cupy.asnumpy(out), dy, y, 1, op, f"cupy {dtype} {shape}")
+        got = FNS[op](dy_d, y_d)
+        assert isinstance(got, cupy.ndarray)
+        assert_gradient(cupy.asnumpy(got), dy, y, 1, op, f"cupy {dtype} {shape} (fresh output)")
+    assert {"warp", "block", "cached", "split"} <= tiers
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", FNS)
+def test_torch_views_axes_and_misalignment(rng, op):
+    torch = _torch_cuda()
+    for shape, axis in [((300, 257), 0), ((6, 500, 9), 1), ((4, 3, 1000), 2), ((33, 4000), 1)]:
+        y = forward_output(rng, shape, axis, op, "float32")
+        dy = rng.standard_normal(shape).astype(np.float32)
+        got = FNS[op](_to_torch(dy), _to_torch(y), axis)
+        assert got.is_cuda and got.dtype == torch.float32
+        assert_gradient(_to_numpy(got), dy, y, axis, op, f"torch {shape} axis {axis}")
+    # views that start 1..3 elements past an aligned address, each array at its own offset
+    base_dy = torch.randn(70_003, device="cuda")
+    y_np = forward_output(rng, (7, 10_000), 1, op, "float32")
+    base_y = torch.empty(70_005, device="cuda")
+    for a, b, c in [(1, 1, 1), (1, 2, 3), (0, 3, 0)]:
+        dy_v = base_dy[a:a + 70_000].view(7, 10_000)
+        y_v = base_y[b:b + 70_000].view(7, 10_000)
+        y_v.copy_(_to_torch(y_np))
+        out_base = torch.full((70_004,), float("nan"), device="cuda")
+        out = out_base[c:c + 70_000].view(7, 10_000)
+        FNS[op](dy_v, y_v, 1, out=out)
+        assert_gradient(_to_numpy(out), _to_numpy(dy_v), y_np, 1, op, f"offsets {(a, b, c)}")
+    # a transposed (non-contiguous) gradient, as autograd can pass one
+    y = forward_output(rng, (64, 3000), 1, op, "float32")
+    dy_t = torch.randn(3000, 64, device="cuda").t()
+    got = FNS[op](dy_t, _to_torch(y), 1)
+    assert_gradient(_to_numpy(got), _to_numpy(dy_t), y, 1, op, "transposed dy")
+
+
+@needs_cuda
+def test_torch_streams_graphs_and_threads(rng):
+    torch = _torch_cuda()
+    shapes = [(512, 1000), (8, 131072), (2, 3_000_000)]
+    data = []
+    for shape in shapes:
+        y = forward_output(rng, shape, 1, "softmax", "float32")
+        dy = rng.standard_normal(shape).astype(np.float32)
+        data.append((dy, y, _to_torch(dy), _to_torch(y)))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # the caller's stream
+        outs = [ps.softmax_backward(dy_d, y_d) for _, _, dy_d, y_d in data]
+    side.synchronize()
+    for (dy, y, _, _), got in zip(data, outs):
+        assert_gradient(_to_numpy(got), dy, y, 1, "softmax", f"side stream {dy.shape}")
+    for dy, y, dy_d, y_d in data:  # captured in a CUDA graph, replayed with new values in the same memory
+        out = torch.empty_like(dy_d)
+        ps.softmax_backward(dy_d, y_d, out=out)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ps.softmax_backward(dy_d, y_d, out=out)
+        new_dy = rng.standard_normal(dy.shape).astype(np.float32)
+        dy_d.copy_(_to_torch(new_dy))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_gradient(_to_numpy(out), new_dy, y, 1, "softmax", f"graph replay {dy.shape}")
+    errors = []
+
+    def worker(i):
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for _ in range(5):
+                    dy, y, dy_d, y_d = data[i % len(data)]
+                    got = ps.softmax_backward(dy_d, y_d)
+                    torch.cuda.current_stream().synchronize()
+                    assert_gradient(_to_numpy(got), dy, y, 1, "softmax", f"thread {i}")
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", FNS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_autograd_runs_the_gradient_kernels(monkeypatch, rng, op, dtype):
+    torch = _torch_cuda()
+    from portable_softmax import _torch_op
+
+    calls = []
+    real = _torch_op._gradient
+    monkeypatch.setattr(_torch_op, "_gradient", lambda *a: calls.append(a[3]) or real(*a))
+    f = ps.softmax if op == "softmax" else ps.log_softmax
+    ref = torch.softmax if op == "softmax" else torch.log_softmax
+    for shape in [(4096, 100), (64, 50257), (2, 2_000_000)]:
+        x = torch.randn(shape, device="cuda", dtype=getattr(torch, dtype)) * 3
+        w = torch.randn(shape, device="cuda", dtype=x.dtype)
+        xa = x.clone().requires_grad_()
+        (f(xa, 1) * w).sum().backward()
+        y = f(x, 1)
+        want = FNS[op](w, y, 1)  # the same kernels, called directly
+        torch.testing.assert_close(xa.grad, want, atol=0, rtol=0)
+        assert_gradient(_to_numpy(xa.grad), _to_numpy(w), _to_numpy(y), 1, op, f"autograd {shape}")
+        xr = x.float().clone().requires_grad_()
+        (ref(xr, 1) * w.float()).sum().backward()
+        torch.testing.assert_close(xa.grad.float(), xr.grad, atol=2e-2 if dtype == "bfloat16" else 1e-5,
+                                   rtol=2e-2 if dtype == "bfloat16" else 1e-4)
+    assert calls == [op] * 3
