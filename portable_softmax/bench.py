@@ -258,7 +258,7 @@ def _compiled_backward(torch, op: str):
         else:
             def formula(dy, y, axis: int):
                 return (dy.float() - y.float().exp() * dy.float().sum(axis, keepdim=True)).to(y.dtype)
-        _compiled_formulas[op] = torch.compile(formula, dynamic=False)
+        _compiled_formulas[op] = torch.compile(formula)
     return _compiled_formulas[op]
 
 
