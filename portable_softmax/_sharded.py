@@ -62,6 +62,11 @@ def _without_neg_inf(m: Tensor) -> Tensor:
     return m.masked_fill(m == float("-inf"), 0.0)
 
 
+def _fresh(t: Tensor, dtype) -> Tensor:
+    """t in ``dtype``, in a new tensor that in-place operations may change (never t itself)."""
+    return t.to(dtype, copy=True)
+
+
 class TorchMath:
     """The local steps as torch operations (any device, any float dtype)."""
 
@@ -75,7 +80,7 @@ class TorchMath:
                     torch.zeros(shape, dtype=c, device=x.device))
         m = torch.amax(x, dim=axis).to(c)  # exact in the input dtype; NaN propagates
         shift = _without_neg_inf(m).unsqueeze(axis)
-        d = torch.exp(x.to(c) - shift).sum(dim=axis)
+        d = (x - shift).exp_().sum(dim=axis)  # x - shift is in the compute dtype (type promotion)
         return m, d
 
     def merge(self, m: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,12 +93,12 @@ class TorchMath:
     def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
         import torch
 
-        c = compute_dtype(x.dtype)
-        mk, dk = m.unsqueeze(axis), d.unsqueeze(axis)
+        mk = m.unsqueeze(axis)
+        # one shift, M + log D: exp(x - M) / D = exp(x - (M + log D)); an all -inf row (M = -inf,
+        # D = 0) gets -inf - -inf = NaN, a NaN row NaN
+        y = x - (mk + torch.log(d.unsqueeze(axis)))  # in the compute dtype (type promotion)
         if op == "softmax":
-            y = torch.exp(x.to(c) - mk) / dk
-        else:
-            y = x.to(c) - mk - torch.log(dk)
+            y = y.exp_()
         if safe:  # rows of all -inf everywhere (M = -inf): 0, or -inf for log_softmax
             y = y.masked_fill(mk == float("-inf"), 0.0 if op == "softmax" else float("-inf"))
         return y.to(x.dtype)
@@ -101,8 +106,8 @@ class TorchMath:
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         c = compute_dtype(y.dtype)
         if op == "softmax":
-            return (dy.to(c) * y.to(c)).sum(dim=axis)
-        return dy.to(c).sum(dim=axis)
+            return _fresh(dy, c).mul_(y).sum(dim=axis)
+        return dy.sum(dim=axis, dtype=c)
 
     def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int) -> Tensor:
         import torch
@@ -110,9 +115,9 @@ class TorchMath:
         c = compute_dtype(y.dtype)
         sk = s.unsqueeze(axis)
         if op == "softmax":
-            dx = y.to(c) * (dy.to(c) - sk)
+            dx = (dy - sk).mul_(y)  # dy - s is in the compute dtype (type promotion)
         else:
-            dx = dy.to(c) - torch.exp(y.to(c)) * sk
+            dx = torch.sub(dy, _fresh(y, c).exp_().mul_(sk))
         return dx.to(y.dtype)
 
 

@@ -221,6 +221,24 @@ def _check_headers(headers: list[list[int]], op: str) -> None:
                          f"axis, and the same axis, dtype, op and safe; got {ranks}")
 
 
+_headers: dict = {}  # (device, header) -> the header as an int64 tensor on that device
+_HEADERS_KEPT = 256
+
+
+def _device_header(x, axis: int, op: str, safe: bool):
+    """The header on x's device, kept per shape: a copy from host memory would wait for the stream."""
+    import torch
+
+    words = tuple(_header(x, axis, op, safe))
+    key = (x.device, words)
+    found = _headers.get(key)
+    if found is None:
+        if len(_headers) >= _HEADERS_KEPT:
+            _headers.clear()
+        found = _headers[key] = torch.tensor(words, dtype=torch.int64, device=x.device)
+    return found
+
+
 def _all_gather(out, tensor, group) -> None:
     """torch's all_gather into one tensor (all_gather_single, all_gather_into_tensor before it)."""
     import torch.distributed as dist
@@ -244,7 +262,7 @@ def _forward(x, axis: int, op: str, safe: bool, group, check: bool, alone: bool 
     head = _HEADER_WORDS * 8
     nbytes = head + 2 * rows * csize
     buf = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-    buf[:head].view(torch.int64).copy_(torch.tensor(_header(x, axis, op, safe), dtype=torch.int64))
+    buf[:head].view(torch.int64).copy_(_device_header(x, axis, op, safe))
     torch.stack((m.reshape(-1), d.reshape(-1)), dim=1, out=buf[head:].view(c).view(rows, 2))
     world = dist.get_world_size(group)
     gathered = torch.empty(world * nbytes, dtype=torch.uint8, device=x.device)

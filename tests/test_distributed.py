@@ -113,6 +113,7 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
     rank = ctx["rank"] if rank is None else rank
     widths = widths or _widths(ctx["gen"], full.shape[axis], world, zero)
     local = _slice(full, axis, widths, rank).to(ctx["device"]).requires_grad_(grads)
+    kept = local.detach().clone()
     fn = distributed.softmax if op == "softmax" else distributed.log_softmax
     y = fn(local, axis - full.dim() if axis % 2 else axis, group=group, safe=safe)  # negative and positive axes
     expect(ctx, y.device == local.device, f"the result is on {y.device}, the input on {local.device}")
@@ -125,9 +126,17 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
     if grads:
         dy_full = torch.randn(full.shape, generator=ctx["gen"], dtype=torch.float64)
         dy = _slice(dy_full, axis, widths, rank).to(full.dtype)
+        dy_kept = dy.clone()
         y.backward(dy)
+        expect(ctx, _same(dy, dy_kept), f"{what}: the backward changed its incoming gradient")
         ref_dx = _reference_grad(full64, dy_full.to(full.dtype).double(), axis, op, safe)
         _check_grad(ctx, local.grad.cpu(), _slice(ref_dx, axis, widths, rank), what)
+    expect(ctx, _same(local.detach(), kept), f"{what}: the input was changed")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, NaN equal to NaN."""
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def _randn(ctx, *shape, dtype=torch.float64) -> torch.Tensor:
