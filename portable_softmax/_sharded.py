@@ -124,6 +124,108 @@ class TorchMath:
 TORCH = TorchMath()
 
 
+class KernelMath(TorchMath):
+    """``partials`` and ``finish`` by the package's two-pass split kernels, on rows along the last
+    axis of a contiguous tensor (others, and the merge and gradient steps, as TorchMath).
+
+    The first pass (``ps_split_partials_*``) with one chunk a row writes each row's (m, d); the
+    second (``ps_split_normalize_*``), given one (M, D) pair a row as its single chunk's partial,
+    merges it with nothing and normalises the row.
+
+    ``profile`` is the device's planner.DeviceProfile; ``launch(plan, dtype, buffers)`` runs a
+    planner.Plan's launches with named buffer addresses on the caller's stream.
+    """
+
+    def __init__(self, profile, launch) -> None:
+        self.profile, self.launch = profile, launch
+
+    def _rows(self, x: Tensor, axis: int) -> bool:
+        return (axis == x.dim() - 1 and x.is_contiguous() and x.numel() > 0
+                and str(x.dtype).removeprefix("torch.") in ("float16", "bfloat16", "float32", "float64"))
+
+    def _plan_parts(self, x: Tensor, y_ptr: int, op: str, safe: bool):
+        from . import _variants as V
+        from ._arrays import element_misalign
+        from .planner import RowProblem, choose_vec, slots_needed
+
+        dtype = str(x.dtype).removeprefix("torch.")
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        p = RowProblem(dtype, op, rows, cols, cols, cols, element_misalign(x.data_ptr(), dtype),
+                       element_misalign(y_ptr, dtype), safe)
+        vec = choose_vec(p)
+        threads = min(self.profile.max_threads_per_block, 512)
+        grid = max(1, min(rows, 4 * self.profile.multiprocessors, self.profile.max_grid_x))
+        return V, dtype, rows, cols, vec, slots_needed(p, vec), threads, grid
+
+    def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
+        import torch
+
+        from .planner import I64, Launch, Plan
+
+        if not self._rows(x, axis):
+            return super().partials(x, axis)
+        V, dtype, rows, cols, vec, slots, threads, grid = self._plan_parts(x, x.data_ptr(), "softmax", False)
+        pairs = torch.empty(rows, 2, dtype=compute_dtype(x.dtype), device=x.device)
+        step = Launch(V.split_partials_name(dtype, self.profile.warp_size, vec), grid, threads, 0,
+                      (("ptr", "x"), ("ptr", "partials"), (I64, rows), (I64, cols), (I64, cols), (I64, slots),
+                       (I64, 1)))
+        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
+                    {"x": x.data_ptr(), "partials": pairs.data_ptr()})
+        return pairs[:, 0].view(x.shape[:-1]), pairs[:, 1].view(x.shape[:-1])
+
+    def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
+        import torch
+
+        from .planner import I32, I64, Launch, Plan
+
+        if not self._rows(x, axis):
+            return super().finish(x, m, d, op, safe, axis)
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        V, dtype, rows, cols, vec, slots, threads, grid = self._plan_parts(x, y.data_ptr(), op, safe)
+        pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype)).contiguous()
+        step = Launch(V.split_normalize_name(dtype, op, self.profile.warp_size, vec), grid, threads, 0,
+                      (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, rows), (I64, cols), (I64, cols),
+                       (I64, cols), (I64, slots), (I64, 1), (I32, int(safe and op == "softmax"))))
+        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
+                    {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
+        if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
+            y.masked_fill_((m == float("-inf")).unsqueeze(-1), float("-inf"))
+        return y
+
+
+_kernel_math: dict = {}  # (vendor, device index) -> KernelMath
+
+
+def _device_math(x: Tensor) -> LocalMath:
+    """KernelMath for a CUDA / ROCm torch tensor where the package's runtime opens, else TorchMath."""
+    import torch
+
+    from . import _probe
+
+    vendor = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    key = (vendor, x.device.index)
+    if key not in _kernel_math:
+        try:
+            rt = _probe.runtime(vendor)
+        except _probe.BackendUnavailableError:
+            _kernel_math[key] = TORCH
+        else:
+            device = x.device.index
+
+            def launch(plan, dtype, buffers):
+                rt.launch(plan, dtype, buffers, torch.cuda.current_stream(device).cuda_stream, device)
+
+            _kernel_math[key] = KernelMath(rt.profile(device), launch)
+    return _kernel_math[key]
+
+
 def local_math(x: Tensor) -> LocalMath:
-    """The implementation of the local steps for tensor ``x``."""
+    """The implementation of the local steps for tensor ``x``: the package's kernels on a GPU
+    (``PORTABLE_SOFTMAX_SHARDED_LOCAL=torch`` asks for torch operations there too), torch
+    operations elsewhere."""
+    import os
+
+    if x.is_cuda and os.environ.get("PORTABLE_SOFTMAX_SHARDED_LOCAL", "kernels") != "torch":
+        return _device_math(x)
     return TORCH

@@ -370,6 +370,74 @@ def test_docstring_examples():
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
+# ---- the local kernels (KernelMath) in the SIMT emulation, against torch operations ----------------
+@pytest.fixture(scope="module")
+def emulated():
+    from emulation import CompilerUnavailable, emulated_runtimes
+
+    try:
+        return emulated_runtimes()
+    except CompilerUnavailable as e:
+        pytest.skip(f"no host C++ compiler for the emulation: {e}")
+
+
+def _emulated_math(rt):
+    from portable_softmax import _sharded
+
+    def launch(plan, dtype, buffers):
+        for step in plan.launches:
+            rt.library.launch(step.kernel, rt.profile(0).warp_size, step.grid, step.block, step.shared_mem,
+                              step.args, buffers)
+
+    return _sharded.KernelMath(rt.profile(0), launch)
+
+
+def _offset_rows(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of t starting ``offset`` elements past an aligned address."""
+    flat = torch.empty(t.numel() + 16, dtype=t.dtype)
+    view = flat[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("warp", ["emu32", "emu64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
+    """partials with one chunk a row, and finish given one merged (M, D) a row, by the split kernels."""
+    from portable_softmax import _sharded
+
+    math = _emulated_math(emulated[warp])
+    torch_dtype = getattr(torch, dtype)
+    for rows, cols, offset in ((5, 1000, 0), (3, 37, 1), (4, 3000, 3), (1, 5, 0)):
+        x64 = torch.from_numpy(rng.standard_normal((rows, cols)) * 4)
+        x64[0, : cols // 2] = NEG_INF  # part of a row -inf
+        if rows > 2:
+            x64[1] = NEG_INF  # a whole row
+            x64[2, cols // 3] = float("nan")
+        x = _offset_rows(x64.to(torch_dtype), offset)
+        m, d = math.partials(x, 1)
+        want_m, want_d = _sharded.TORCH.partials(x, 1)
+        assert _same(m, want_m), f"{dtype} {rows}x{cols}: m {m} want {want_m}"
+        close = (d - want_d).abs() <= 1e-6 + 1e-5 * want_d.abs()
+        assert bool((close | (d.isnan() & want_d.isnan())).all()), f"{dtype} {rows}x{cols}: d {d} want {want_d}"
+        # a merged (M, D) from another rank's slice: the row's max and sum grow
+        other_m, other_d = m + 1.5, d * 2 + 1
+        for op in OPS:
+            for safe in (False, True):
+                y = math.finish(x, other_m, other_d, op, safe, 1)
+                want = _sharded.TORCH.finish(x.double(), other_m.double(), other_d.double(), op, safe, 1)
+                assert y.dtype == x.dtype and y.shape == x.shape
+                bad = _tolerance.outside(_as_numpy(y), want.numpy())
+                assert not bad.any(), f"{dtype} {op} safe={safe} {rows}x{cols}+{offset}: {_as_numpy(y)[bad][:4]}"
+        # rows of all -inf everywhere (here too): NaN, or 0 / -inf with safe
+        empty = _offset_rows(torch.full_like(x, NEG_INF), offset)
+        empty_m, empty_d = math.partials(empty, 1)
+        assert (empty_m == NEG_INF).all() and (empty_d == 0).all(), f"{empty_m} {empty_d}"
+        for op, filled in (("softmax", 0.0), ("log_softmax", NEG_INF)):
+            assert math.finish(empty, empty_m, empty_d, op, False, 1).isnan().all()
+            assert (math.finish(empty, empty_m, empty_d, op, True, 1) == filled).all()
+
+
 @pytest.mark.parametrize("bad, error, words", [
     (np.zeros((2, 3)), TypeError, "takes a torch tensor"),
     (torch.zeros((2, 3), dtype=torch.int32), TypeError, "supports float16, bfloat16, float32, float64; got int32"),

@@ -10,10 +10,12 @@ The tensor (rows x cols, sharded on its last axis, an even share per rank) is ti
 forward + backward for each method. Times are the median of the iterations, the slowest rank's.
 "received B/row" counts the bytes a rank receives per row from the collectives (a ring all_reduce
 of b bytes: 2 (world - 1) / world b; an all_gather of b bytes a rank: (world - 1) b). "local % of
-copy" times the local computation of this package's path alone (no collective) against a
-device-to-device copy of the bytes it must move at least (read x, write y; backward: read dy and y,
-write dx). Before timing, the result is checked against the single-GPU softmax of the gathered
-tensor within the package's tolerance.
+copy" times the local computation of this package's path alone (no collective), with the local
+math the call uses (KernelMath: the package's split kernels on a GPU) and with torch operations
+(TorchMath), against a device-to-device copy of the bytes it must move (forward: x read twice,
+once for the (m, d) pairs before the collective and once to normalise after it, y written;
+backward: dy and y read, dx written). Before timing, the result is checked against the
+single-GPU softmax of the gathered tensor within the package's tolerance.
 """
 
 from __future__ import annotations
@@ -211,7 +213,8 @@ def _bench(args, torch, dist) -> int:
     recv = {
         "portable_softmax.distributed": ((world - 1) * 2 * compute, 2 * (world - 1) / world * compute),
         "two all_reduces (torch ops)": (2 * 2 * (world - 1) / world * compute, 2 * (world - 1) / world * compute),
-        "DTensor softmax, Shard(-1)": ((world - 1) / world * row_bytes, None),
+        # DTensor replicates the softmax axis: it gathers x forward and the incoming gradient backward
+        "DTensor softmax, Shard(-1)": ((world - 1) / world * row_bytes, (world - 1) / world * row_bytes),
     }
     methods = {"portable_softmax.distributed": ours, "two all_reduces (torch ops)": two,
                "DTensor softmax, Shard(-1)": dtensor_fn}
@@ -226,29 +229,29 @@ def _bench(args, torch, dist) -> int:
             rows.append((name, f"failed: {type(e).__name__}: {str(e)[:80]}", "", "", ""))
             continue
         rf, rb = recv[name]
-        rows.append((name, f"{fwd:.3f}", f"{both:.3f}", f"{rf:.0f}",
-                     "?" if rb is None else f"{rb:.0f}"))
+        rows.append((name, f"{fwd:.3f}", f"{both:.3f}", f"{rf:.0f}", f"{rb:.0f}"))
 
     # the local work of this package's path alone: partials + merge + finish, and grad_dot + grad_finish
-    math = _sharded.local_math(x)
+    def local_times(math):
+        def forward():
+            m, d = math.partials(x, 1)
+            big, total = math.merge(m.unsqueeze(0), d.unsqueeze(0))
+            return math.finish(x, big, total, op, False, 1)
 
-    def local_forward():
-        m, d = math.partials(x, 1)
-        big, total = math.merge(m.unsqueeze(0), d.unsqueeze(0))
-        return math.finish(x, big, total, op, False, 1)
+        y = forward()
 
-    y = local_forward()
+        def backward():
+            return math.grad_finish(dy, y, math.grad_dot(dy, y, op, 1), op, 1)
 
-    def local_backward():
-        s = math.grad_dot(dy, y, op, 1)
-        return math.grad_finish(dy, y, s, op, 1)
+        return time_ms(forward, args.iters, args.warmup), time_ms(backward, args.iters, args.warmup)
 
+    y = torch.empty_like(x)
     src = torch.empty(int(1.5 * x.numel()), dtype=dtype, device=device)
     dst = torch.empty_like(src)
     copy2 = time_ms(lambda: y.copy_(x), args.iters, args.warmup)  # reads x, writes y
-    copy3 = time_ms(lambda: dst.copy_(src), args.iters, args.warmup)  # 1.5x: the bytes of read 2, write 1
-    t_fwd = time_ms(local_forward, args.iters, args.warmup)
-    t_bwd = time_ms(local_backward, args.iters, args.warmup)
+    copy3 = time_ms(lambda: dst.copy_(src), args.iters, args.warmup)  # 1.5x: the bytes of 2 reads and a write
+    local = {type(m).__name__: m for m in (_sharded.local_math(x), _sharded.TORCH)}
+    local_rows = [(name, *local_times(math)) for name, math in local.items()]
 
     header = ("method", "forward ms", "fwd+bwd ms", "recv B/row fwd", "recv B/row bwd")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -260,10 +263,13 @@ def _bench(args, torch, dist) -> int:
             say(f"fwd+bwd speed-up of portable_softmax.distributed over {r[0]}: {float(r[2]) / float(ours_both):.2f}x")
         except ValueError:
             pass
-    say(f"local forward (partials + merge + finish, torch ops): {t_fwd:.3f} ms, {100 * copy2 / t_fwd:.0f}% of copy "
-        f"({copy2:.3f} ms for read x + write y, {2 * x.numel() * itemsize / copy2 / 1e6:.0f} GB/s)")
-    say(f"local backward (grad_dot + grad_finish, torch ops): {t_bwd:.3f} ms, {100 * copy3 / t_bwd:.0f}% of copy "
-        f"({copy3:.3f} ms for read dy, y + write dx)")
+    say(f"device copy: {copy2:.3f} ms for read x + write y ({2 * x.numel() * itemsize / copy2 / 1e6:.0f} GB/s), "
+        f"{copy3:.3f} ms for 1.5x that")
+    for name, t_fwd, t_bwd in local_rows:
+        say(f"local forward ({name}: partials + merge + finish): {t_fwd:.3f} ms, {100 * copy3 / t_fwd:.0f}% of a "
+            f"copy of the bytes it must move (x read twice, y written), {100 * copy2 / t_fwd:.0f}% of read x + write y")
+        say(f"local backward ({name}: grad_dot + grad_finish): {t_bwd:.3f} ms, {100 * copy3 / t_bwd:.0f}% of a copy "
+            f"of read dy, y + write dx")
     return 0
 
 
