@@ -33,6 +33,11 @@ Why an all_gather of pairs, not an all_reduce(MAX) of m then an all_reduce(SUM) 
 * the merge is exact in any order: every rank folds the same gathered pairs in the same order, so
   every rank computes bit-identical (M, D), whatever order the collective delivered them in.
 
+The local passes (the pairs; the normalisation) are the package's split kernels on a CUDA or ROCm
+device where the package's runtime opens (``PORTABLE_SOFTMAX_SHARDED_LOCAL=torch`` asks for torch
+operations instead), and torch operations elsewhere; the merge and the backward's local steps are
+torch operations, float16/bfloat16 accumulated in float32.
+
 Semantics follow the single-GPU call: NaN anywhere in a row makes the row NaN on every rank; a slice
 of all -inf on some ranks is fine; a row of all -inf on every rank gives NaN, or with ``safe=True``
 0 (softmax) / -inf (log_softmax) and a zero gradient. float16/bfloat16 compute in float32, float64
