@@ -377,9 +377,9 @@ GRAD_MAX_SLOTS = 8
 GRAD_BLOCK_SLOTS = {128: 8, 256: 8, 512: 8}
 #: the on-chip split: a chunk is GRAD_CACHED_THREADS threads x GRAD_CACHED_SLOTS slots
 GRAD_CACHED_THREADS = 256
-GRAD_CACHED_SLOTS = 8
+GRAD_CACHED_SLOTS = 4
 #: ... at least this many such blocks a multiprocessor (backward.cuh kGradCachedMinBlocks)
-GRAD_CACHED_MIN_BLOCKS = 2
+GRAD_CACHED_MIN_BLOCKS = 4
 #: the two-pass split's threads a block (backward.cuh kGradStreamThreads)
 GRAD_STREAM_THREADS = 256
 

@@ -159,7 +159,7 @@ def _cached(t, p, device, s):
             (I64, dys), (I64, ys), (I64, dxs), (I64, chunks), (I32, int(p.safe)))
     grid = min(p.rows * chunks, device.max_grid_x // chunks * chunks)
     launch = Launch(name, grid, V.GRAD_CACHED_THREADS, 0, args, cooperative=True, min_grid=chunks)
-    scratch = (("sums", p.rows * chunks * 2 * s.compute_bytes), ("arrivals", p.rows * 4))
+    scratch = (("sums", p.rows * chunks * 2 * 8), ("arrivals", p.rows * 4))  # a GradSum: two doubles
     return Plan("cached", (launch,), scratch, notes={"chunks": chunks, "vec": s.vec})
 
 
@@ -178,7 +178,7 @@ def _split(t, p, device, s):
     finish = Launch(V.grad_finish_name(p.dtype, p.op, warp, s.vec), grid, threads, 0,
                     ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), *_row_args(p), (I64, chunk_slots),
                      (I64, chunks), (I32, int(p.safe))), cut_to_one_wave=False)
-    return Plan("split", (partials, finish), (("sums", p.rows * chunks * 2 * s.compute_bytes),),
+    return Plan("split", (partials, finish), (("sums", p.rows * chunks * 2 * 8),),
                 notes={"chunks": chunks, "chunk_slots": chunk_slots, "vec": s.vec}, scratch_zeroed=False)
 
 

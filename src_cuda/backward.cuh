@@ -14,9 +14,12 @@
 
 namespace ps {
 
-template <typename C> struct GradSum { C sum; C top; };
+// The sum is taken in double: a log_softmax row's sum of dy can be large beside the exp(y) * sum that
+// nearly cancels dy, so float32 rounding of the sum would show in dx. Each slot's few terms are added
+// in the compute type first, so there is one double add a slot.
+template <typename C> struct GradSum { double sum; C top; };
 
-template <typename C> PS_DEVICE GradSum<C> grad_identity() { return GradSum<C>{C(0), ps_neg_inf<C>()}; }
+template <typename C> PS_DEVICE GradSum<C> grad_identity() { return GradSum<C>{0.0, ps_neg_inf<C>()}; }
 template <typename C> PS_DEVICE GradSum<C> grad_combine(GradSum<C> a, GradSum<C> b) {
   return GradSum<C>{a.sum + b.sum, ps_max_nan(a.top, b.top)};
 }
@@ -28,7 +31,7 @@ template <> struct Backward<kSoftmax> {
   template <typename C> PS_DEVICE static C term(C dy, C y) { return dy * y; }
   template <typename C> struct Finish {
     C sum;
-    PS_DEVICE Finish(GradSum<C> total, bool) : sum(total.sum) {}
+    PS_DEVICE Finish(GradSum<C> total, bool) : sum(static_cast<C>(total.sum)) {}
     // A safe row of all -inf has y = 0 and so dx = 0.
     PS_DEVICE C operator()(C dy, C y) const { return y * (dy - sum); }
   };
@@ -40,28 +43,28 @@ template <> struct Backward<kLogSoftmax> {
   template <typename C> struct Finish {
     C sum;
     bool zero;  // a safe log_softmax's row of all -inf is constant: its gradient is 0
+    ExpMinus<C> exp;  // float: the hardware base-2 exponential (float64: the precise one)
     PS_DEVICE Finish(GradSum<C> total, bool safe)
-        : sum(total.top != total.top ? ps_nan<C>() : total.sum), zero(safe && total.top == ps_neg_inf<C>()) {}
-    PS_DEVICE C operator()(C dy, C y) const { return zero ? C(0) : dy - ps_exp(y) * sum; }
+        : sum(total.top != total.top ? ps_nan<C>() : static_cast<C>(total.sum)),
+          zero(safe && total.top == ps_neg_inf<C>()), exp(C(0)) {}
+    PS_DEVICE C operator()(C dy, C y) const { return zero ? C(0) : dy - exp(y) * sum; }
   };
 };
 
-// Adds element values to a GradSum; Kahan-compensated where one thread adds a long run.
-template <int OP, typename C, bool kCompensated> struct GradAccumulator {
+// Adds element values to a GradSum.
+template <int OP, typename C> struct GradAccumulator {
   GradSum<C> total = grad_identity<C>();
-  C carry = C(0);
-  PS_DEVICE void add(C dy, C y) {
-    const C term = Backward<OP>::term(dy, y);
-    if constexpr (kCompensated) {
-      const C v = term - carry;
-      const C t = total.sum + v;
-      carry = (t - total.sum) - v;
-      total.sum = t;
-    } else {
-      total.sum += term;
+  // N values, all inside the row: their terms added in C, then once to the double sum.
+  template <int N> PS_DEVICE void add_all(const C* dy, const C* y) {
+    C part = C(0);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      part += Backward<OP>::term(dy[j], y[j]);
+      if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y[j]);
     }
-    if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y);
+    total.sum += part;
   }
+  PS_DEVICE void add(C dy, C y) { add_all<1>(&dy, &y); }
 };
 
 template <int width, typename C> PS_DEVICE GradSum<C> grad_reduce_lanes(GradSum<C> g, bool top) {
@@ -72,7 +75,7 @@ template <int width, typename C> PS_DEVICE GradSum<C> grad_reduce_lanes(GradSum<
 
 // Whole-block reduction; every thread ends with the total. Scratch sized from WARP.
 template <int OP, int WARP, typename C> PS_DEVICE GradSum<C> grad_reduce_block(GradSum<C> g) {
-  PS_SHARED C warp_sum[1024 / WARP];
+  PS_SHARED double warp_sum[1024 / WARP];
   PS_SHARED C warp_top[1024 / WARP];
   constexpr bool kTop = Backward<OP>::kTop;
   const int lane = PS_THREAD_X % WARP, warp = PS_THREAD_X / WARP, warps = PS_BLOCK_DIM_X / WARP;
@@ -113,25 +116,56 @@ template <typename T, int VEC> struct GradRow {
       b = *reinterpret_cast<const Vec<T, VEC>*>(y + first);
       return;
     }
+    if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+      // 16-bit elements assembled into 32-bit words: a vector built element by element would be
+      // held as one register an element, twice the registers of the loaded vector
+      const unsigned short* dy16 = reinterpret_cast<const unsigned short*>(dy + first);
+      const unsigned short* y16 = reinterpret_cast<const unsigned short*>(y + first);
+      unsigned wa[VEC / 2], wb[VEC / 2];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const bool in = inside(k, j);
-      a.v[j] = in ? dy[first + j] : from_compute<T>(C(0));
-      b.v[j] = in ? y[first + j] : from_compute<T>(C(0));
+      for (int w = 0; w < VEC / 2; ++w) {
+        const bool lo = inside(k, 2 * w), hi = inside(k, 2 * w + 1);
+        wa[w] = (lo ? unsigned(dy16[2 * w]) : 0u) | (hi ? unsigned(dy16[2 * w + 1]) << 16 : 0u);
+        wb[w] = (lo ? unsigned(y16[2 * w]) : 0u) | (hi ? unsigned(y16[2 * w + 1]) << 16 : 0u);
+      }
+      memcpy(&a, wa, sizeof(a));
+      memcpy(&b, wb, sizeof(b));
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const bool in = inside(k, j);
+        a.v[j] = in ? dy[first + j] : from_compute<T>(C(0));
+        b.v[j] = in ? y[first + j] : from_compute<T>(C(0));
+      }
     }
   }
-  template <int OP, bool kCompensated>
-  PS_DEVICE void add(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b, GradAccumulator<OP, C, kCompensated>& acc) const {
+  template <int OP> PS_DEVICE void add(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b,
+                                      GradAccumulator<OP, C>& acc) const {
     C da[VEC], ya[VEC];
     widen(a, da);
     widen(b, ya);
-    const bool whole = full(k);
+    if (full(k)) {
+      acc.template add_all<VEC>(da, ya);
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (whole || inside(k, j)) acc.add(da[j], ya[j]);
+      if (inside(k, j)) acc.add(da[j], ya[j]);
     }
   }
-  template <typename F> PS_DEVICE void store(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b, const F& f) const {
+  template <typename F> PS_DEVICE void store(i64 k, Vec<T, VEC> a, Vec<T, VEC> b, const F& f) const {
+    if constexpr (sizeof(T) == 2 && sizeof(a) % 4 == 0) {  // widened anew (ps_opaque), not held since add()
+      unsigned words[2][sizeof(a) / 4];
+      memcpy(words[0], &a, sizeof(a));
+      memcpy(words[1], &b, sizeof(b));
+#pragma unroll
+      for (int w = 0; w < (int)(sizeof(a) / 4); ++w) {
+        ps_opaque(words[0][w]);
+        ps_opaque(words[1][w]);
+      }
+      memcpy(&a, words[0], sizeof(a));
+      memcpy(&b, words[1], sizeof(b));
+    }
     C da[VEC], ya[VEC];
     widen(a, da);
     widen(b, ya);
@@ -172,7 +206,7 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
       const i64 k = lane + (i64)s * GROUP;
       if (active && k < g.slots) g.load(k, a[s], b[s]);
     }
-    GradAccumulator<OP, C, false> acc;
+    GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
@@ -197,14 +231,14 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 // Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
 // GradSum, waits for the row's other chunks and finishes from its registers: one read, one write.
 // The grid is cut to whole rows of `chunks` resident blocks, which advance in rounds. The scratch
-// (a GradSum per chunk of each row, a count per row) is zero at the start and left zero: the last
-// block to leave a row clears it.
+// (a GradSum per chunk of each row, as two doubles, and a count per row) is zero at the start and left
+// zero: the last block to leave a row clears it.
 template <typename T, int OP, int WARP, int SLOTS, int VEC>
-PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename compute_of<T>::type* sums,
+PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
                                  int safe) {
   typedef typename compute_of<T>::type C;
-  PS_SHARED C row_total[2];
+  PS_SHARED double row_total[2];
   const i64 rows_per_round = PS_GRID_DIM_X / chunks;
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
@@ -217,14 +251,14 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename comput
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
       if (k < g.slots) g.load(k, a[s], b[s]);
     }
-    GradAccumulator<OP, C, false> acc;
+    GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
       if (k < g.slots) g.add(k, a[s], b[s], acc);
     }
     const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
-    volatile C* published = sums + 2 * row * chunks;
+    volatile double* published = sums + 2 * row * chunks;
     if (PS_THREAD_X == 0) {
       published[2 * chunk] = part.sum;
       published[2 * chunk + 1] = part.top;
@@ -235,7 +269,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename comput
     if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
       GradSum<C> total = grad_identity<C>();
       for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
-        total = grad_combine(total, GradSum<C>{published[2 * c], published[2 * c + 1]});
+        total = grad_combine(total, GradSum<C>{published[2 * c], static_cast<C>(published[2 * c + 1])});
       }
       total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
       if (PS_THREAD_X == 0) {
@@ -243,13 +277,14 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename comput
         row_total[1] = total.top;
         // chunks arrivals, then chunks departures: the last to leave clears the row's scratch
         if (PS_ATOMIC_ADD(arrivals + row, 1u) == (unsigned)(2 * chunks - 1)) {
-          for (i64 c = 0; c < 2 * chunks; ++c) published[c] = C(0);
+          for (i64 c = 0; c < 2 * chunks; ++c) published[c] = 0.0;
           arrivals[row] = 0u;
         }
       }
     }
     PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], row_total[1]}, safe != 0);
+    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
+                                                      safe != 0);
     PS_SYNC();  // row_total is written again for the next row
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -260,17 +295,17 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, typename comput
 }
 
 // ---- a row split across blocks, two passes -------------------------------------------------------
-// Rows too long to hold on chip: the first pass writes each chunk's GradSum (Kahan-compensated
-// within a thread), the second merges a row's chunks and reads the chunk again to finish it.
+// Rows too long to hold on chip: the first pass writes each chunk's GradSum (two doubles), the second
+// merges a row's chunks and reads the chunk again to finish it.
 template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_partials(const T* dy, const T* y, typename compute_of<T>::type* sums, i64 rows, i64 cols,
+PS_DEVICE void grad_split_partials(const T* dy, const T* y, double* sums, i64 rows, i64 cols,
                                    i64 dys, i64 ys, i64 chunk_slots, i64 chunks) {
   typedef typename compute_of<T>::type C;
   for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
     const i64 row = item / chunks, chunk = item % chunks;
     const GradRow<T, VEC> g(dy + row * dys, y + row * ys, nullptr, cols);
     const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
-    GradAccumulator<OP, C, true> acc;
+    GradAccumulator<OP, C> acc;
     constexpr int kDepth = 4;  // slots in flight a thread before their use
     for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
       Vec<T, VEC> a[kDepth], b[kDepth];
@@ -294,27 +329,27 @@ PS_DEVICE void grad_split_partials(const T* dy, const T* y, typename compute_of<
 }
 
 template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const typename compute_of<T>::type* sums, i64 rows,
+PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* sums, i64 rows,
                                  i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunk_slots, i64 chunks, int safe) {
   typedef typename compute_of<T>::type C;
-  PS_SHARED C row_total[2];
+  PS_SHARED double row_total[2];
   for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
     const i64 row = item / chunks, chunk = item % chunks;
-    if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks, compensated (a long row has thousands)
-      GradAccumulator<kSoftmax, C, true> sum;  // term(1, s) = s: a compensated sum of the chunks' sums
-      C top = ps_neg_inf<C>();
+    if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
+      GradSum<C> total = grad_identity<C>();
       for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
-        sum.add(C(1), sums[2 * (row * chunks + c)]);
-        top = ps_max_nan(top, sums[2 * (row * chunks + c) + 1]);
+        const double* at = sums + 2 * (row * chunks + c);
+        total = grad_combine(total, GradSum<C>{at[0], static_cast<C>(at[1])});
       }
-      const GradSum<C> total = grad_reduce_lanes<WARP>(GradSum<C>{sum.total.sum, top}, Backward<OP>::kTop);
+      total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
       if (PS_THREAD_X == 0) {
         row_total[0] = total.sum;
         row_total[1] = total.top;
       }
     }
     PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], row_total[1]}, safe != 0);
+    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
+                                                      safe != 0);
     PS_SYNC();
     const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
     const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
@@ -345,7 +380,7 @@ PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols,
                             i64 dysi, i64 yso, i64 ysc, i64 ysi, i64 dxso, i64 dxsc, i64 dxsi, int inner_tile,
                             int safe) {
   typedef typename compute_of<T>::type C;
-  PS_SHARED C part_sum[1024];
+  PS_SHARED double part_sum[1024];
   PS_SHARED C part_top[1024];
   const int tx = PS_THREAD_X % inner_tile;
   const int ty = PS_THREAD_X / inner_tile;
@@ -358,7 +393,7 @@ PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols,
     const bool active = i < inner;
     const T* dyl = dy + o * dyso + (active ? i : 0) * dysi;
     const T* yl = y + o * yso + (active ? i : 0) * ysi;
-    GradAccumulator<OP, C, true> acc;
+    GradAccumulator<OP, C> acc;
     if (active) {
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
         C a[kDepth], b[kDepth];
@@ -409,14 +444,17 @@ PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols,
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
 const int kGradRowsThreads = 256;         // groups of lanes a row
 const int kGradCachedThreads = 256;       // a chunk of the on-chip split
-const int kGradCachedMinBlocks = 2;       // ... at least this many a multiprocessor
+const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 const int kGradStreamThreads = 256;       // the two-pass split
 
 }  // namespace ps
 
 // ---- extern "C" entry points (the generated softmax_<dtype>.cu files name each instantiation) ----
+// Blocks of G threads (a block a row) or kGradRowsThreads (groups of lanes), registers capped so that
+// 512 threads share a multiprocessor.
 #define PS_GRAD_ROWS_ENTRY(DT, T, OPN, OP, W, G, S, V)                                                   \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS((G > W ? G : ps::kGradRowsThreads))                                    \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
+                                      512 / (G > W ? G : ps::kGradRowsThreads))                          \
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \
@@ -427,7 +465,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
 #define PS_GRAD_CACHED_ENTRY(DT, T, OPN, OP, W, S, V)                                                    \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
       ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V(                                                   \
-          const T* dy, const T* y, T* dx, compute_of<T>::type* sums, unsigned* arrivals, ps::i64 rows,   \
+          const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows,                \
           ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                \
     ps::grad_split_cached<T, OP, W, S, V>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, safe); \
   }                                                                                                      \
@@ -435,13 +473,13 @@ const int kGradStreamThreads = 256;       // the two-pass split
 
 #define PS_GRAD_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
-      const T* dy, const T* y, compute_of<T>::type* sums, ps::i64 rows, ps::i64 cols, ps::i64 dys,       \
+      const T* dy, const T* y, double* sums, ps::i64 rows, ps::i64 cols, ps::i64 dys,                    \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks) {                                                 \
     ps::grad_split_partials<T, OP, W, V>(dy, y, sums, rows, cols, dys, ys, chunk_slots, chunks);         \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_partials_##DT##_##OPN##_w##W##_v##V)                                           \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_finish_##DT##_##OPN##_w##W##_v##V(      \
-      const T* dy, const T* y, T* dx, const compute_of<T>::type* sums, ps::i64 rows, ps::i64 cols,       \
+      const T* dy, const T* y, T* dx, const double* sums, ps::i64 rows, ps::i64 cols,                    \
       ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunk_slots, ps::i64 chunks, int safe) {             \
     ps::grad_split_finish<T, OP, W, V>(dy, y, dx, sums, rows, cols, dys, ys, dxs, chunk_slots, chunks, safe); \
   }                                                                                                      \

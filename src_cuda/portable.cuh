@@ -131,6 +131,15 @@ PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) {
 PS_DEVICE void ps_store_words4(void* at, const ps_words4& v) { *static_cast<ps_words4*>(at) = v; }
 #endif
 
+// An empty asm that the compiler must take as changing a word: a 16-bit vector widened again after
+// it is not the one widened before, so the few conversions are redone instead of the widened values
+// being held in registers in between (twice the registers of the stored vector).
+#if (defined(__HIP__) || defined(__HIPCC__)) && !defined(PORTABLE_SOFTMAX_EMULATION)
+PS_DEVICE void ps_opaque(unsigned& v) { asm volatile("" : "+v"(v)); }
+#else
+PS_DEVICE void ps_opaque(unsigned& v) { asm volatile("" : "+r"(v)); }
+#endif
+
 // ---- global -> shared copies that bypass registers (NVIDIA sm_80 and newer) --------------------
 // cp.async copies 4, 8 or 16 bytes into shared memory without holding them in a register, so a
 // thread can have every slot of its chunk in flight at once and wait once. Elsewhere (HIP, the

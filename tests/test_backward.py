@@ -78,7 +78,8 @@ def runtime(request, library) -> EmulatedRuntime:
 
 #: shapes that take every row regime on the emulated profile (4 multiprocessors, 256 threads a
 #: block): groups of lanes, a warp a row, a block a row, the on-chip split (a few long rows too), two passes
-ROW_SHAPES = [(40, 1), (40, 3), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 12000), (1, 20000), (2, 100000)]
+ROW_SHAPES = [(40, 1), (40, 3), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 6000), (3, 12000), (1, 20000),
+              (2, 100000)]
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
