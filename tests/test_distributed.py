@@ -438,6 +438,31 @@ def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
             assert (math.finish(empty, empty_m, empty_d, op, True, 1) == filled).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
+def test_gpu_tensors_take_the_kernels():
+    """On a GPU whose runtime the package opens, the local passes are the package's kernels, and they
+    agree with torch operations on a bfloat16 row of the bench's width."""
+    from portable_softmax import _probe, _sharded
+
+    vendor = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    try:
+        _probe.runtime(vendor)
+    except _probe.BackendUnavailableError as e:
+        pytest.skip(f"the package's {vendor} runtime does not open: {e}")
+    x = (4 * torch.randn(64, 64128, device="cuda")).to(torch.bfloat16)
+    math = _sharded.local_math(x)
+    assert isinstance(math, _sharded.KernelMath)
+    m, d = math.partials(x, 1)
+    want_m, want_d = _sharded.TORCH.partials(x, 1)
+    assert torch.equal(m, want_m) and torch.allclose(d, want_d, rtol=1e-5)
+    for op in OPS:
+        y = math.finish(x, m + 0.5, d * 3, op, False, 1)
+        want = _sharded.TORCH.finish(x.double(), (m + 0.5).double(), (d * 3).double(), op, False, 1)
+        bad = _tolerance.outside(_as_numpy(y.cpu()), want.cpu().numpy())
+        assert not bad.any(), f"{op}: {int(bad.sum())} elements outside {_tolerance.describe('bfloat16')}"
+
+
 @pytest.mark.parametrize("bad, error, words", [
     (np.zeros((2, 3)), TypeError, "takes a torch tensor"),
     (torch.zeros((2, 3), dtype=torch.int32), TypeError, "supports float16, bfloat16, float32, float64; got int32"),
