@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +205,53 @@ def test_calls_are_planned_once_per_shape(stand_in, monkeypatch):
     assert len(planned) == 1
 
 
+# ---- sharded inputs: per shard through shard_map --------------------------------------------------
+SHARDED = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import portable_softmax as ps
+from portable_softmax import _jax_ffi, _probe
+from portable_softmax.planner import DeviceProfile, one_wave
+
+mesh = jax.make_mesh((4,), ("d",), devices=jax.devices()[:4])
+rows = NamedSharding(mesh, P("d", None))
+f = jax.jit(jax.shard_map(ps.log_softmax, mesh=mesh, in_specs=P("d", None), out_specs=P("d", None)))
+x = jax.device_put(3 * jax.random.normal(jax.random.key(0), (8, 128)), rows)
+host = np.asarray(x)
+np.testing.assert_allclose(np.asarray(f(x)), jax.nn.log_softmax(host), atol=1e-6, rtol=1e-5)
+w = np.cos(np.arange(128.0)).astype(np.float32)
+g = jax.jit(jax.grad(lambda t: (f(t) * w).sum()))(x)
+np.testing.assert_allclose(np.asarray(g), jax.grad(lambda t: (jax.nn.log_softmax(t) * w).sum())(host),
+                           atol=1e-5, rtol=1e-5)
+assert "tensor<2x128xf32>" in f.lower(x).as_text()
+
+class StandIn:
+    device_count = 1
+    def profile(self, device): return DeviceProfile.h100()
+    def function(self, device, dtype, name, shared_mem=0): return 4096
+    def resident_grid(self, fn, step, device): return one_wave(step, 2, 132)
+
+_probe.runtime = lambda vendor: StandIn()
+_jax_ffi.register = lambda vendor: None
+text = f.trace(jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=rows)).lower(lowering_platforms=("cuda",)).as_text()
+calls = [line for line in text.splitlines() if "custom_call @portable_softmax_launch" in line]
+assert len(calls) == 1 and "(tensor<2x128xf32>) -> (tensor<2x128xf32>" in calls[0], calls
+print("per shard")
+"""
+
+
+def test_shard_map_runs_each_shard_through_its_own_call(tmp_path):
+    """A row-sharded input under jax.shard_map: each device computes its own rows (the custom call is
+    planned for the shard's shape), values and gradients as jax.nn's. Four host devices, in a process
+    of their own (the device count is fixed when JAX starts)."""
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0 and "per shard" in proc.stdout, proc.stdout + proc.stderr
+
+
 # ---- registration, status and the fallback -------------------------------------------------------
 def test_without_the_handler_the_status_names_the_build_command(monkeypatch):
     monkeypatch.setattr(_jax_ffi, "library_path", lambda vendor: None)
@@ -296,8 +344,6 @@ CMAKE = shutil.which("cmake")
 @pytest.mark.build
 @pytest.mark.skipif(CMAKE is None, reason="cmake is not installed (pip install cmake)")
 def test_cmake_builds_the_handler_when_jax_is_importable(tmp_path):
-    import sys
-
     cmd = [CMAKE, "-S", str(REPO), "-B", str(tmp_path), "-DPORTABLE_SOFTMAX_FASTLAUNCH=off",
            "-DPORTABLE_SOFTMAX_BACKEND=none", f"-DPython_EXECUTABLE={sys.executable}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
