@@ -9,10 +9,15 @@ XLA compiles for:
   the build command;
 - every other platform (CPU): the same computation in jax.numpy, which XLA compiles and fuses.
 
-Differentiation goes through a custom JVP written in jax.numpy, linear in the tangent, so JAX
-transposes it for reverse mode (grad); vmap moves the batch dimension to the front, where it joins
-the rows (the axis is counted from the end). A concrete JAX array on a GPU where the FFI targets
-are registered takes the same primitive through jax.jit (compiled once per shape and dtype).
+Differentiation goes through a custom JVP that is linear in the tangent, so JAX transposes it for
+reverse mode: grad runs the gradient kernels (a second primitive, ``portable_softmax_grad``, the
+same custom call with operands dy and y on a GPU, jax.numpy elsewhere); forward mode runs them too
+for softmax, whose Jacobian is symmetric, and log_softmax's tangent t - sum(t exp(y)) in jax.numpy.
+vmap moves the batch dimension to the front, where it joins the rows (the axis is counted from the
+end). A row-sharded input runs per shard under ``jax.shard_map`` (each shard its own custom call);
+without it XLA gathers the operand of a custom call it cannot partition. A concrete JAX array on a
+GPU where the FFI targets are registered takes the same primitive through jax.jit (compiled once
+per shape and dtype).
 
 >>> import jax, jax.numpy as jnp, portable_softmax as ps
 >>> jax.jit(ps.softmax)(jnp.array([0.0, 0.0]))
@@ -29,8 +34,8 @@ from . import _jax_ffi
 from ._dtypes import storage_name
 from .layout import normalize_axis
 
-_traced = None  # the custom-JVP function over the primitive, built on the first traced call
-_primitive = None
+_traced = None  # the custom-JVP function over the primitives, built on the first traced call
+_primitives = None  # (forward, gradient, log_softmax tangent)
 #: (axis, op, safe) -> the jitted call that concrete GPU arrays take
 _eager: dict[tuple, object] = {}
 
@@ -127,93 +132,187 @@ def _host(x, axis: int, op: str, safe: bool):
     return jax.pure_callback(compute, shape, x, vmap_method="expand_dims")
 
 
-def _make_primitive():
-    import jax
+def _make_primitives():
+    """The forward primitive, the gradient primitive (dx from dy and y, linear in dy) and log_softmax's
+    tangent map (linear in t), the transpose of the gradient's: their lowerings, vmap, JVP and
+    transpose rules."""
+    import jax.numpy as jnp
     from jax.extend.core import Primitive
-    from jax.interpreters import batching, mlir
+    from jax.interpreters import ad, batching, mlir
 
-    prim = Primitive("portable_softmax")
-    prim.def_impl(functools.partial(_apply_jitted, prim))
-    prim.def_abstract_eval(lambda x, *, axis, op, safe: x)  # y: the shape and dtype of x
+    forward = Primitive("portable_softmax")
+    forward.def_impl(functools.partial(_apply_jitted, forward))
+    forward.def_abstract_eval(lambda x, *, axis, op, safe: x)  # y: the shape and dtype of x
+    grad = Primitive("portable_softmax_grad")
+    grad.def_impl(functools.partial(_apply_jitted, grad))
+    grad.def_abstract_eval(lambda dy, y, *, axis, op: dy)
+    tangent = Primitive("portable_softmax_log_tangent")
+    tangent.def_impl(functools.partial(_apply_jitted, tangent))
+    tangent.def_abstract_eval(lambda t, y, *, axis: t)
 
-    def batch(args, dims, *, axis, op, safe):
-        (x,), (d,) = args, dims
-        if d != 0:  # the batch joins the rows in front; the axis counts from the end
-            x = jax.numpy.moveaxis(x, d, 0)
-        return prim.bind(x, axis=axis, op=op, safe=safe), 0
+    def front(x, d, size):  # the batch in front, where it joins the rows (the axis counts from the end)
+        if d is None:
+            return jnp.broadcast_to(x, (size, *x.shape))
+        return x if d == 0 else jnp.moveaxis(x, d, 0)
 
-    batching.primitive_batchers[prim] = batch
+    def batcher(prim):
+        def batch(args, dims, **params):
+            size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+            return prim.bind(*[front(a, d, size) for a, d in zip(args, dims)], **params), 0
 
-    def on_cpu(ctx, x, *, axis, op, safe):
-        return mlir.lower_fun(functools.partial(reference_jnp, axis=axis, op=op, safe=safe),
-                              multiple_results=False)(ctx, x)
+        return batch
 
-    def on_gpu(vendor):
-        def rule(ctx, x, *, axis, op, safe):
-            aval = ctx.avals_in[0]
-            why = _jax_ffi.register(vendor)
-            if why is not None:
-                _jax_ffi.warn_once(why)
-                return mlir.lower_fun(functools.partial(_host, axis=axis, op=op, safe=safe),
-                                      multiple_results=False)(ctx, x)
-            target, attributes, workspace = _jax_ffi.custom_call(vendor, aval.shape, aval.dtype, axis, op, safe)
-            return custom_call_lowering(ctx, x, target, attributes, workspace)
+    for prim in (forward, grad, tangent):
+        batching.primitive_batchers[prim] = batcher(prim)
+
+    # grad is linear in dy; its transpose is itself for softmax (the Jacobian is symmetric) and the
+    # log_softmax tangent map for log_softmax, whose transpose is grad again.
+    def transpose_grad(ct, dy, y, *, axis, op):
+        if type(ct) is ad.Zero:
+            return [ad.Zero(dy.aval), None]
+        if op == "softmax":
+            return [grad.bind(ct, y, axis=axis, op=op), None]
+        return [tangent.bind(ct, y, axis=axis), None]
+
+    def transpose_tangent(ct, t, y, *, axis):
+        if type(ct) is ad.Zero:
+            return [ad.Zero(t.aval), None]
+        return [grad.bind(ct, y, axis=axis, op="log_softmax"), None]
+
+    ad.primitive_transposes[grad] = transpose_grad
+    ad.primitive_transposes[tangent] = transpose_tangent
+    ad.defjvp(grad, lambda g, dy, y, *, axis, op: grad.bind(g, y, axis=axis, op=op),
+              lambda g, dy, y, *, axis, op: _grad_by_y(g, dy, y, axis, op))
+    ad.defjvp(tangent, lambda g, t, y, *, axis: tangent.bind(g, y, axis=axis),
+              lambda g, t, y, *, axis: _tangent_by_y(g, t, y, axis))
+
+    def jnp_rule(fn):
+        def rule(ctx, *args, **params):
+            return mlir.lower_fun(functools.partial(fn, **params), multiple_results=False)(ctx, *args)
 
         return rule
 
-    mlir.register_lowering(prim, on_cpu)  # every platform without a rule of its own
+    def on_gpu(vendor, kind):
+        def rule(ctx, *args, axis, op, safe=False):
+            why = _jax_ffi.register(vendor)
+            if why is not None:  # the forward goes to the host; a gradient is as good in jax.numpy
+                if kind == "backward":
+                    return jnp_rule(grad_jnp)(ctx, *args, axis=axis, op=op)
+                _jax_ffi.warn_once(why)
+                return jnp_rule(_host)(ctx, *args, axis=axis, op=op, safe=safe)
+            aval = ctx.avals_in[0]
+            target, attributes, workspace = _jax_ffi.custom_call(vendor, aval.shape, aval.dtype, axis, op, safe,
+                                                                 kind)
+            return custom_call_lowering(ctx, args, target, attributes, workspace)
+
+        return rule
+
+    # every platform without a rule of its own (CPU) computes in jax.numpy, which XLA compiles
+    mlir.register_lowering(forward, jnp_rule(reference_jnp))
+    mlir.register_lowering(grad, jnp_rule(grad_jnp))
+    mlir.register_lowering(tangent, jnp_rule(log_tangent_jnp))
     for platform, vendor in _jax_ffi.VENDORS.items():
-        mlir.register_lowering(prim, on_gpu(vendor), platform=platform)
-    return prim
+        mlir.register_lowering(forward, on_gpu(vendor, "forward"), platform=platform)
+        mlir.register_lowering(grad, on_gpu(vendor, "backward"), platform=platform)
+    return forward, grad, tangent
 
 
-def custom_call_lowering(ctx, x, target: str, attributes: dict, workspace: int):
-    """The FFI custom call with results (y, a uint8 workspace of ``workspace`` bytes); y alone is returned."""
+def _wide(*arrays):
+    """The arrays in the compute type: float32 for 16-bit, float64 for float64."""
+    import jax.numpy as jnp
+
+    wide = jnp.promote_types(arrays[0].dtype, jnp.float32)
+    return [a.astype(wide) for a in arrays]
+
+
+def grad_jnp(dy, y, *, axis: int, op: str):
+    """dx from dy and y in jax.numpy, as the gradient kernels compute it: softmax's y (dy - sum(dy y)),
+    log_softmax's dy - exp(y) sum(dy), zero on a row of y all -inf (a safe log_softmax's constant)."""
+    import jax.numpy as jnp
+
+    d, w = _wide(dy, y)
+    if op == "softmax":
+        dx = w * (d - jnp.sum(d * w, axis=axis, keepdims=True))
+    else:
+        dx = d - jnp.exp(w) * jnp.sum(d, axis=axis, keepdims=True)
+        dx = jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
+    return dx.astype(dy.dtype)
+
+
+def log_tangent_jnp(t, y, *, axis: int):
+    """log_softmax's tangent t - sum(t exp(y)) (the transpose of its gradient), zero on a row of y all -inf."""
+    import jax.numpy as jnp
+
+    s, w = _wide(t, y)
+    dt = s - jnp.sum(s * jnp.exp(w), axis=axis, keepdims=True)
+    return jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, dt).astype(t.dtype)
+
+
+def _grad_by_y(g, dy, y, axis: int, op: str):
+    """The gradient's derivative along a change g of y (second-order derivatives)."""
+    import jax.numpy as jnp
+
+    d, w, h = _wide(dy, y, g)
+    if op == "softmax":
+        out = h * (d - jnp.sum(d * w, axis=axis, keepdims=True)) - w * jnp.sum(d * h, axis=axis, keepdims=True)
+    else:
+        out = -jnp.exp(w) * h * jnp.sum(d, axis=axis, keepdims=True)
+        out = jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, out)
+    return out.astype(dy.dtype)
+
+
+def _tangent_by_y(g, t, y, axis: int):
+    """log_softmax's tangent map's derivative along a change g of y."""
+    import jax.numpy as jnp
+
+    s, w, h = _wide(t, y, g)
+    out = -jnp.sum(s * jnp.exp(w) * h, axis=axis, keepdims=True) * jnp.ones_like(s)
+    return jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, out).astype(t.dtype)
+
+
+def custom_call_lowering(ctx, operands, target: str, attributes: dict, workspace: int):
+    """The FFI custom call with results (the output, a uint8 workspace of ``workspace`` bytes); the
+    output alone is returned."""
     import jax
 
     scratch = ctx.avals_out[0].update(shape=(workspace,), dtype=np.dtype(np.uint8), weak_type=False)
     with_workspace = ctx.replace(avals_out=[*ctx.avals_out, scratch])
-    return jax.ffi.ffi_lowering(target)(with_workspace, x, **attributes)[:1]
+    return jax.ffi.ffi_lowering(target)(with_workspace, *operands, **attributes)[:1]
 
 
-def _apply_jitted(prim, x, *, axis, op, safe):
-    """The primitive applied to a concrete array (outside jit): compiled by jax.jit like any other."""
+def _apply_jitted(prim, *args, **params):
+    """A primitive applied to concrete arrays (outside jit): compiled by jax.jit like any other."""
     import jax
 
-    return jax.jit(functools.partial(prim.bind, axis=axis, op=op, safe=safe))(x)
+    return jax.jit(functools.partial(prim.bind, **params))(*args)
 
 
 def _build():
     import jax
     import jax.numpy as jnp
 
-    global _primitive
-    if _primitive is None:
-        _primitive = _make_primitive()
-    prim = _primitive
+    global _primitives
+    if _primitives is None:
+        _primitives = _make_primitives()
+    forward, grad, tangent = _primitives
 
     @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
     def softmax(x, axis, op, safe):
-        y = prim.bind(x, axis=axis, op=op, safe=safe)
+        y = forward.bind(x, axis=axis, op=op, safe=safe)
         if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
             y = jnp.where(jnp.isneginf(x).all(axis=axis, keepdims=True), -jnp.inf, y)
         return y
 
     @softmax.defjvp
-    def tangent(axis, op, safe, primals, tangents):
-        # Linear in the tangent, with y from the primitive, so JAX transposes it for reverse mode:
-        # softmax's y (t - sum(t y)) (J is symmetric), log_softmax's t - sum(t exp(y)), whose
-        # transpose g - exp(y) sum(g) is the usual backward. In float32 for 16-bit values.
+    def jvp(axis, op, safe, primals, tangents):
+        # Linear in the tangent, with y from the forward, so JAX transposes it for reverse mode into
+        # the gradient kernels: softmax's tangent y (t - sum(t y)) is its own gradient (the Jacobian
+        # is symmetric); log_softmax's t - sum(t exp(y)) transposes to g - exp(y) sum(g).
         (x,), (t,) = primals, tangents
         y = softmax(x, axis, op, safe)
-        wide = jnp.promote_types(y.dtype, jnp.float32)
-        y32, t32 = y.astype(wide), t.astype(wide)
+        t = t.astype(y.dtype)
         if op == "softmax":
-            dy = y32 * (t32 - jnp.sum(t32 * y32, axis=axis, keepdims=True))
-        else:
-            dy = t32 - jnp.sum(t32 * jnp.exp(y32), axis=axis, keepdims=True)
-            if safe:  # a safe log_softmax's rows of all -inf are constant: a zero tangent there
-                dy = jnp.where(jnp.isneginf(y32).all(axis=axis, keepdims=True), 0.0, dy)
-        return y, dy.astype(y.dtype)
+            return y, grad.bind(t, y, axis=axis, op=op)
+        return y, tangent.bind(t, y, axis=axis)
 
     return softmax

@@ -153,22 +153,32 @@ def status() -> str:
     return "; ".join(lines)
 
 
-def custom_call(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, safe: bool) -> tuple[str, dict, int]:
+def custom_call(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, safe: bool,
+                kind: str = "forward") -> tuple[str, dict, int]:
     """(target, attributes, workspace bytes) of the custom call computing ``op`` of a C-contiguous
-    array along ``axis`` (counted from the end) on every device of ``vendor``'s runtime, planned
-    on the profile of device 0 (devices of another profile are left out: the handler refuses them)."""
+    array along ``axis`` (counted from the end) on every device of ``vendor``'s runtime: the forward
+    (operand x, result y) or, for ``kind="backward"``, its gradient (operands dy and y, result dx).
+    Planned on the profile of device 0: devices of another profile are left out (the handler
+    refuses them)."""
     name = storage_name(dtype)
-    key = (vendor, tuple(shape), name, axis, op, bool(safe))
+    key = (vendor, tuple(shape), name, axis, op, bool(safe), kind)
     found = _calls.get(key)
     if found is None:
-        found = _calls[key] = _plan_call(vendor, tuple(shape), name, axis, op, bool(safe))
+        found = _calls[key] = _plan_call(vendor, tuple(shape), name, axis, op, bool(safe), kind)
     return found
 
 
-def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: str, safe: bool):
+#: where each buffer a plan names comes from: (argument kind, operand or result index)
+BUFFERS = {"forward": {"x": (OPERAND, 0), "y": (RESULT, 0)},
+           "backward": {"dy": (OPERAND, 0), "y": (OPERAND, 1), "dx": (RESULT, 0)}}
+
+
+def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: str, safe: bool, kind: str):
     from . import _probe
+    from ._backward import _problem
     from .api import problem_for
     from .planner import plan
+    from .planner_backward import plan_backward
 
     rt = _probe.runtime(vendor)
     ndim = len(shape)
@@ -177,11 +187,14 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
     for d in range(ndim - 1, -1, -1):
         strides[d], step = step, step * shape[d]
     layout = describe(shape, tuple(strides), axis)
+    reference = rt.profile(0)
     # XLA's buffers are at least 16-byte aligned (the handler checks): no misaligned head
-    the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), rt.profile(0))
+    if kind == "backward":
+        the_plan = plan_backward(_problem(dtype, op, layout, layout, layout, (0, 0, 0)), reference)
+    else:
+        the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), reference)
     nbytes, offsets = the_plan.scratch_layout() if the_plan.scratch else (0, {})
     devices, functions, grids = [], [], []
-    reference = rt.profile(0)
     for device in range(rt.device_count):
         if rt.profile(device) != reference:
             continue
@@ -191,21 +204,23 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
                   else rt.function(device, dtype, step_.kernel))
             functions.append(int(fn))
             grids.append(rt.resident_grid(fn, step_, device))
+    buffers = BUFFERS[kind]
     starts, kinds, values = [0], [], []
     for step_ in the_plan.launches:
-        for kind, value in step_.args:
-            if kind == PTR:
-                kinds.append({"x": OPERAND, "y": RESULT}.get(value, SCRATCH))
-                values.append(0 if value in ("x", "y") else offsets[value])
-            elif kind in (I64, I32):
-                kinds.append(INT64 if kind == I64 else INT32)
+        for arg_kind, value in step_.args:
+            if arg_kind == PTR:
+                where, index = buffers[value] if value in buffers else (SCRATCH, offsets[value])
+                kinds.append(where)
+                values.append(index)
+            elif arg_kind in (I64, I32):
+                kinds.append(INT64 if arg_kind == I64 else INT32)
                 values.append(int(value))
             else:
-                raise ValueError(f"unknown kernel argument kind {kind!r}")
+                raise ValueError(f"unknown kernel argument kind {arg_kind!r}")
         starts.append(len(kinds))
     cooperative = [int(s.cooperative and _launch.COOPERATIVE_LAUNCHES) for s in the_plan.launches]
     attributes = {
-        "op": op, "axis": np.int64(axis - ndim), "safe": bool(safe),
+        "op": op if kind == "forward" else f"{op}_backward", "axis": np.int64(axis - ndim), "safe": bool(safe),
         "zero_bytes": np.int64(nbytes if the_plan.scratch_zeroed else 0),
         "devices": _i64(devices), "functions": _i64(functions), "grids": _i64(grids),
         "blocks": _i64([s.block for s in the_plan.launches]),

@@ -27,6 +27,7 @@ from portable_softmax import _jax, _jax_ffi, _probe
 from portable_softmax.api import problem_for
 from portable_softmax.layout import describe
 from portable_softmax.planner import DeviceProfile, one_wave, plan
+from portable_softmax.planner_backward import GradRowProblem, plan_backward
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
 jnp = jax.numpy
@@ -187,9 +188,27 @@ def test_lowering_for_cuda_and_cpu_at_once_holds_both(stand_in):
     assert f"@{_jax_ffi.TARGET}(" in text and "stablehlo.exponential" in text
 
 
-def test_grad_and_vmap_lower_to_the_custom_call_with_rows_folded(stand_in):
-    loss = jax.grad(lambda t: (ps.log_softmax(t) * jnp.arange(128.0)).sum())
-    assert f"@{_jax_ffi.TARGET}(" in _lowered(loss, (16, 128), jnp.float32, ("cuda",))
+@pytest.mark.parametrize("op", OPS)
+def test_grad_lowers_to_the_forward_and_the_gradient_kernels(stand_in, op):
+    """Reverse mode: the forward's custom call, then the gradient's (operands dy and y), planned by
+    planner_backward; forward mode keeps the same gradient call for softmax (its Jacobian is symmetric)."""
+    loss = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.cos(jnp.arange(128.0))).sum())
+    text = _lowered(loss, (16, 128), jnp.float32, ("cuda",))
+    calls = [line for line in text.splitlines() if f"custom_call @{_jax_ffi.TARGET}(" in line]
+    assert len(calls) == 2, calls
+    backward = next(line for line in calls if f'op = "{op}_backward"' in line)
+    assert "(tensor<16x128xf32>, tensor<16x128xf32>) -> (tensor<16x128xf32>" in backward
+    strides = (128, 128, 128)
+    expected = plan_backward(GradRowProblem("float32", op, 16, 128, strides, (0, 0, 0), safe=True),
+                             DeviceProfile.h100())
+    assert _attribute(backward, "blocks") == [s.block for s in expected.launches]
+    kinds = _attribute(backward, "arg_kinds")
+    assert kinds.count(_jax_ffi.OPERAND) == 2 * len(expected.launches) and _jax_ffi.RESULT in kinds
+    cpu = _cpu_text(loss, jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    assert "custom_call" not in cpu and "callback" not in cpu
+
+
+def test_vmap_lowers_to_the_custom_call_with_rows_folded(stand_in):
     batched = jax.vmap(ps.softmax)  # (16, 128) per element of a batch of 4: 64 rows of 128
     text = _lowered(batched, (4, 16, 128), jnp.float32, ("cuda",))
     assert "tensor<4x16x128xf32>" in text and f"@{_jax_ffi.TARGET}(" in text
@@ -473,9 +492,9 @@ def test_gpu_eager_arrays_take_the_compiled_call(rng):
 @pytest.mark.usefixtures("registered")
 def test_gpu_compiled_hlo_holds_the_custom_call_and_no_callback():
     x = _on_gpu(jnp.ones((512, 4096), jnp.float32))
-    for f in (ps.softmax, ps.log_softmax, jax.grad(lambda t: ps.log_softmax(t).sum())):
+    for f, calls in ((ps.softmax, 1), (ps.log_softmax, 1), (jax.grad(lambda t: ps.log_softmax(t).sum()), 2)):
         text = jax.jit(f).lower(x).compile().as_text()
-        assert "portable_softmax_launch" in text, text[:2000]
+        assert text.count('custom_call_target="portable_softmax_launch"') == calls, text[:2000]
         targets = set(re.findall(r'custom_call_target="([^"]+)"', text))
         assert not {t for t in targets if "callback" in t}, f"a host callback in the compiled program: {targets}"
     assert _jax_ffi.status().startswith(f"registered for {_jax_ffi.FFI_PLATFORMS[_jax_ffi.vendor_of(GPU)]}")
