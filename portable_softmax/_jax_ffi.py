@@ -6,7 +6,8 @@ library against the headers of the jax installed at build time, and registered h
 plans the call when XLA lowers it (shapes are static then), resolves each launch's function
 handle and grid on every device of the runtime adapter (cupy; hip-python), and passes them as the
 custom call's attributes. The scratch is a workspace result XLA allocates; the handler zeroes it
-on XLA's stream where the plan needs it zero.
+on XLA's stream where the plan needs it zero. The gradient is the same handler over the gradient
+kernels' plan (planner_backward), with operands dy and y.
 
 >>> from portable_softmax import _jax_ffi
 >>> _jax_ffi.status().startswith(("registered", "built", "not built", "not registered"))
