@@ -135,6 +135,7 @@ def test_torch_streams_graphs_and_threads(rng):
     for (dy, y, _, _), got in zip(data, outs):
         assert_gradient(_to_numpy(got), dy, y, 1, "softmax", f"side stream {dy.shape}")
     for dy, y, dy_d, y_d in data:  # captured in a CUDA graph, replayed with new values in the same memory
+        dy_d = dy_d.clone()  # the threads below read the original
         out = torch.empty_like(dy_d)
         ps.softmax_backward(dy_d, y_d, out=out)  # warm-up outside the capture
         graph = torch.cuda.CUDAGraph()
