@@ -189,8 +189,8 @@ def test_torch_autograd_runs_the_gradient_kernels(monkeypatch, rng, op, dtype):
         want = FNS[op](w, y, 1)  # the same kernels, called directly
         torch.testing.assert_close(xa.grad, want, atol=0, rtol=0)
         assert_gradient(_to_numpy(xa.grad), _to_numpy(w), _to_numpy(y), 1, op, f"autograd {shape}")
-        xr = x.float().clone().requires_grad_()
-        (ref(xr, 1) * w.float()).sum().backward()
-        torch.testing.assert_close(xa.grad.float(), xr.grad, atol=2e-2 if dtype == "bfloat16" else 1e-5,
-                                   rtol=2e-2 if dtype == "bfloat16" else 1e-4)
+        if dtype == "float32":  # beside torch's own backward (16-bit: the float64 check above decides)
+            xr = x.clone().requires_grad_()
+            (ref(xr, 1) * w).sum().backward()
+            torch.testing.assert_close(xa.grad, xr.grad, atol=1e-5, rtol=1e-4)
     assert calls == [op] * 3
