@@ -311,21 +311,34 @@ def _run(args) -> int:
 
 def _info(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     try:
         info = _probe.backend_info()
     except _probe.BackendUnavailableError as e:
         info = _unavailable_report(str(e))
+    info["jax_ffi"] = _jax_ffi_status()
     table = Table(title="portable_softmax backend")
     table.add_column("key")
     table.add_column("value")
     for key, value in info.items():
         if isinstance(value, dict):
             value = "\n".join(f"{k}: {v}" for k, v in value.items())
-        table.add_row(key, str(value))
+        table.add_row(key, escape(str(value)))  # values hold brackets (".[jax]") that rich would read as markup
     Console(soft_wrap=True).print(table)
     return 0
+
+
+def _jax_ffi_status() -> str:
+    """Whether jax.jit calls run the kernels through XLA's FFI, and for which platform."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        return "jax is not installed"
+    from . import _jax_ffi
+
+    return _jax_ffi.status()
 
 
 def _unavailable_report(reason: str) -> dict:
