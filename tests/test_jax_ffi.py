@@ -498,3 +498,24 @@ def test_gpu_compiled_hlo_holds_the_custom_call_and_no_callback():
         targets = set(re.findall(r'custom_call_target="([^"]+)"', text))
         assert not {t for t in targets if "callback" in t}, f"a host callback in the compiled program: {targets}"
     assert _jax_ffi.status().startswith(f"registered for {_jax_ffi.FFI_PLATFORMS[_jax_ffi.vendor_of(GPU)]}")
+
+
+def test_docstring_examples_of_the_jax_modules():
+    import doctest
+
+    from portable_softmax import _jax_ffi_bench
+
+    for module in (_jax, _jax_ffi, _jax_ffi_bench):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, module.__name__
+    assert doctest.testmod(_jax).attempted and doctest.testmod(_jax_ffi).attempted
+
+
+def test_the_bench_refuses_a_machine_without_a_gpu_and_a_bad_shape(capsys):
+    from portable_softmax import _jax_ffi_bench
+
+    assert _jax_ffi_bench.main(["--shape", "8192by8192"]) == 2
+    assert "--shape takes ROWSxCOLS" in capsys.readouterr().err
+    if GPU is None:
+        assert _jax_ffi_bench.main(["--shape", "4x4", "--calls", "1", "--repeats", "1"]) == 1
+        assert "JAX sees no CUDA or ROCm device" in capsys.readouterr().err
