@@ -373,8 +373,14 @@ def catalogue(dtype: str, backend: str) -> set[str]:
 GRAD_ROWS_THREADS = 256
 #: slots a thread of a whole warp (or block) holds, beyond one: 2..GRAD_MAX_SLOTS
 GRAD_MAX_SLOTS = 8
-#: blocks a row: threads -> slots a thread (1024 threads of 4 slots would hold no more than 512 of 8)
+#: blocks a row: threads -> slots a thread (1024 threads of 4 slots would hold no more than 512 of 8).
+#: 16-bit rows take 4 slots a thread: their 8 elements a slot cost twice the registers once widened
 GRAD_BLOCK_SLOTS = {128: 8, 256: 8, 512: 8}
+GRAD_BLOCK_SLOTS_BY_ITEMSIZE = {2: {128: 4, 256: 4, 512: 4, 1024: 4}}
+
+
+def grad_block_slots(dtype: str) -> dict[int, int]:
+    return GRAD_BLOCK_SLOTS_BY_ITEMSIZE.get(DTYPES[dtype][2], GRAD_BLOCK_SLOTS)
 #: the on-chip split: a chunk is GRAD_CACHED_THREADS threads x GRAD_CACHED_SLOTS slots
 GRAD_CACHED_THREADS = 256
 GRAD_CACHED_SLOTS = 4
@@ -384,12 +390,14 @@ GRAD_CACHED_MIN_BLOCKS = 4
 GRAD_STREAM_THREADS = 256
 
 
-def grad_rows_shapes(warp: int) -> list[tuple[int, int]]:
+def grad_rows_shapes(dtype: str, warp: int) -> list[tuple[int, int]]:
     """(lanes a row, slots a lane) of the rows-in-registers gradient: groups of 1..WARP lanes with one
-    slot each, whole warps with 2..GRAD_MAX_SLOTS, and blocks (more lanes than a warp) of GRAD_BLOCK_SLOTS."""
+    slot each, whole warps with 2..GRAD_MAX_SLOTS, and blocks (more lanes than a warp) of grad_block_slots."""
     groups = [(lanes, 1) for lanes in pow2_upto(warp)]
     deep = [(warp, s) for s in pow2_upto(GRAD_MAX_SLOTS) if s > 1]
-    blocks = [(threads, s) for threads, s in GRAD_BLOCK_SLOTS.items() if threads > warp]
+    # a block holding no more than a warp's GRAD_MAX_SLOTS a lane is never planned
+    blocks = [(threads, s) for threads, s in grad_block_slots(dtype).items()
+              if threads > warp and threads * s > warp * GRAD_MAX_SLOTS]
     return groups + deep + blocks
 
 
@@ -428,7 +436,7 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
         for op, enum in OPS.items():
             head = (tag, ctype, op, enum, warp)
             out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
-                          (*head, lanes, slots, vec)) for lanes, slots in grad_rows_shapes(warp)]
+                          (*head, lanes, slots, vec)) for lanes, slots in grad_rows_shapes(dtype, warp)]
             out.append(Entry(grad_cached_name(dtype, op, warp, vec), "PS_GRAD_CACHED_ENTRY",
                              (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))

@@ -116,9 +116,9 @@ def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, 
     return Plan(tier, (launch,), notes={"lanes": lanes, "slots": slots, "vec": s.vec}, scratch_zeroed=False)
 
 
-def _block_shape(device: DeviceProfile, slots: int) -> tuple[int, int] | None:
-    """The smallest block (threads, slots a thread) of GRAD_BLOCK_SLOTS that holds ``slots``."""
-    for threads, per_thread in sorted(V.GRAD_BLOCK_SLOTS.items()):
+def _block_shape(dtype: str, device: DeviceProfile, slots: int) -> tuple[int, int] | None:
+    """The smallest block (threads, slots a thread) of grad_block_slots that holds ``slots``."""
+    for threads, per_thread in sorted(V.grad_block_slots(dtype).items()):
         if device.warp_size < threads <= device.max_threads_per_block and threads * per_thread >= slots:
             return threads, per_thread
     return None
@@ -143,7 +143,7 @@ def _warp(t, p, device, s):
 
 
 def _block(t, p, device, s):
-    threads, per_thread = _block_shape(device, s.slots)
+    threads, per_thread = _block_shape(p.dtype, device, s.slots)
     return _rows_plan(p, device, s, threads, per_thread, "block")
 
 
@@ -189,7 +189,7 @@ ROW_RULES: tuple[Rule, ...] = (
     Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles",
          lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _warp),
     Rule("a block a row", "rows one block's registers hold, while there are rows enough for the device",
-         lambda t, p, d, s: _block_shape(d, s.slots) is not None and not _few_rows(t, p, d, s), _block),
+         lambda t, p, d, s: _block_shape(p.dtype, d, s.slots) is not None and not _few_rows(t, p, d, s), _block),
     Rule("a row split across blocks, on chip", "longer rows (or a few long ones) whose chunks fit the "
          "resident blocks: one read and one write, the chunks' sums meeting in scratch",
          lambda t, p, d, s: _cached_fits(t, d) and _cached_chunks(s) <= t.cached_chunks_per_multiprocessor

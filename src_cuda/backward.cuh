@@ -174,7 +174,9 @@ template <typename T, int VEC> struct GradRow {
       Vec<T, VEC> raw;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) raw.v[j] = from_compute<T>(f(da[j], ya[j]));
-      *reinterpret_cast<Vec<T, VEC>*>(dx + first) = raw;
+      // 16-bit: one 16-byte store instruction (built element by element, nvcc splits the vector's
+      // store into 2-byte ones, each a separate L2 write: L2-bound at a third of the copy's speed)
+      store_vector<sizeof(T) == 2>(dx + first, raw);
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -454,7 +456,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
 // 512 threads share a multiprocessor.
 #define PS_GRAD_ROWS_ENTRY(DT, T, OPN, OP, W, G, S, V)                                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
-                                      512 / (G > W ? G : ps::kGradRowsThreads))                          \
+                                      (G > 512 ? 1 : 512 / (G > W ? G : ps::kGradRowsThreads)))          \
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \
