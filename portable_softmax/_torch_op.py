@@ -258,7 +258,27 @@ def _backward_vmap_rule(info, in_dims, grad, y, axis, op):
 def _setup_backward_context(ctx, inputs, output):
     grad, y, axis, op = inputs
     ctx.save_for_backward(grad, y)
+    ctx.save_for_forward(grad, y)
     ctx.axis, ctx.op = axis, op
+
+
+def _backward_jvp(ctx, grad_tangent, y_tangent, *_):
+    """Forward mode through the gradient (jacfwd of a gradient, hessian): the tangent of
+    y (g - sum(g y)) or g - exp(y) sum(g) for tangents of g and y (None: zero)."""
+    grad, y = ctx.saved_tensors
+    dim = ctx.axis if y.dim() else 0
+    wide = grad.dtype if grad.element_size() >= 4 else _torch.float32
+    g, w = grad.to(wide), y.to(wide)
+    tg = grad_tangent.to(wide) if grad_tangent is not None else _torch.zeros_like(g)
+    ty = y_tangent.to(wide) if y_tangent is not None else _torch.zeros_like(w)
+    if ctx.op == "softmax":
+        out = ty * (g - (g * w).sum(dim, keepdim=True)) + w * (tg - (tg * w + g * ty).sum(dim, keepdim=True))
+    else:
+        e = w.exp()
+        out = tg - e * ty * g.sum(dim, keepdim=True) - e * tg.sum(dim, keepdim=True)
+        if y.dim():
+            out = out.masked_fill(_torch.isneginf(w).all(dim, keepdim=True), 0)
+    return out.to(grad.dtype)
 
 
 def _double_backward(ctx, upstream):
@@ -340,6 +360,7 @@ def _backward_function(torch):
         generate_vmap_rule = True  # the forward is the operator, which has a vmap rule
         setup_context = staticmethod(_setup_backward_context)
         backward = staticmethod(_double_backward)
+        jvp = staticmethod(_backward_jvp)
 
         @staticmethod
         def forward(grad, y, axis, op):
