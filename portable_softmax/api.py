@@ -52,10 +52,10 @@ def softmax(x: ArrayT, axis: Axis = -1, *, out: ArrayT | None = None, safe: bool
     ``dtype`` casts the input first and returns that dtype (as ``torch.softmax(x, dim, dtype=...)``).
     Device arrays are computed in place on their device, on the caller's current stream. A row of
     all -inf gives NaN (like torch), or 0 with ``safe=True``. A torch tensor that requires grad
-    gets a result autograd goes back through (torch's own softmax backward); torch.func
-    transforms and torch.compile see the call as the operator ``torch.ops.portable_softmax.softmax``;
-    forward-mode AD carries the tangent. Inside jax.jit, grad, jvp and vmap it is a host callback
-    with a custom JVP.
+    gets a result autograd goes back through (this package's gradient kernels, as
+    ``softmax_backward``); torch.func transforms and torch.compile see the call as the operator
+    ``torch.ops.portable_softmax.softmax``; forward-mode AD carries the tangent. Inside jax.jit,
+    grad, jvp and vmap it is an XLA FFI custom call on CUDA and ROCm and jax.numpy on the CPU.
 
     >>> import numpy as np, portable_softmax as ps
     >>> ps.softmax(np.array([[1.0, 1.0], [0.0, -np.inf]], dtype=np.float32))
