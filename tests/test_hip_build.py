@@ -42,8 +42,8 @@ pytestmark = [
 
 def expected_kernels(dtype: str) -> set[str]:
     """Every extern "C" kernel of a dtype an AMD build carries: both warp sizes, the warp-free ones, and
-    none of the tiers that need asynchronous copies."""
-    return V.catalogue(dtype, "hip")
+    none of the tiers that need asynchronous copies; the gradient kernels beside them."""
+    return V.catalogue(dtype, "hip") | V.backward_catalogue(dtype, "hip")
 
 
 def function_symbols(code_object: bytes, tmp: Path) -> set[str]:
