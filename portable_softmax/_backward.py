@@ -6,11 +6,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from . import _probe
+from . import _probe, api
 from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
 from ._dtypes import storage_name
 from .layout import Rows, Strided, describe, normalize_axis
-from .planner import Plan
 from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
 
 ArrayT = TypeVar("ArrayT")
@@ -71,30 +70,10 @@ def _gradient(dy, y, axis, op: str, out):
         raise TypeError(f"dy and y must have one dtype; got dy {src.dtype} and y {ys.dtype} "
                         "(cast one: the gradient is computed in the dtype of both)")
     axis = normalize_axis(axis, len(src.shape))
-    dst = _check_out(src, out)
+    dst = api._check_out(src, out, "dy")
     if src.on_device:
         return _run_device(src, ys, axis, op, dst, out)
     return _run_host(src, ys, axis, op, dst, out)
-
-
-def _check_out(src, out):
-    if out is None:
-        return None
-    if type(out).__module__.split(".")[0] in ("jax", "jaxlib"):
-        raise ValueError("out= cannot be a JAX array: JAX arrays are immutable; use the returned array")
-    dst = classify(out, writes=True)
-    if dst.on_device != src.on_device or (src.on_device and _where(dst) != _where(src)):
-        raise ValueError(f"out must live where dy does ({_where(src)}); got {type(out).__name__} on {_where(dst)}")
-    if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"out has shape {tuple(dst.shape)}; dy's shape {tuple(src.shape)} is required")
-    if dst.dtype != src.dtype:
-        raise ValueError(f"out has dtype {dst.dtype}; dy's dtype {src.dtype} is required")
-    strides = dst.strides if dst.on_device else host_view(dst.array)[1]
-    if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
-        raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
-    if not dst.on_device and not dst.array.flags.writeable:
-        raise ValueError("out is read-only; pass a writeable array")
-    return dst
 
 
 # ---- host arrays -----------------------------------------------------------------------------------
@@ -118,8 +97,6 @@ def gradient_on_host(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.nd
 
 
 def _run_host(src: Host, ys: Host, axis: int, op: str, dst: Host | None, out):
-    from . import api
-
     dy, y = (np.asarray(a.array) for a in (src, ys))
     dy = dy if dy.dtype.isnative else dy.astype(dy.dtype.newbyteorder("="))
     y = y if y.dtype.isnative else y.astype(y.dtype.newbyteorder("="))
@@ -151,12 +128,6 @@ def _problem(dtype: str, op: str, dl, yl, xl, misaligns) -> GradRowProblem | Gra
     return GradStridedProblem(dtype, op, dl.outer, dl.cols, dl.inner, dl.strides, yl.strides, xl.strides, safe=True)
 
 
-def _as_strided(layout: Rows | Strided) -> Strided:
-    if isinstance(layout, Strided):
-        return layout
-    return Strided(layout.rows, layout.cols, 1, (layout.row_stride, 1, 0))
-
-
 # ---- device arrays ---------------------------------------------------------------------------------
 def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: DeviceArray | None, out):
     rt = _probe.runtime(src.vendor)
@@ -172,38 +143,20 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
         layouts = [describe(shape, a.strides, axis) for a in (src, ys)]
     dl, yl = layouts
     if isinstance(dl, Rows) != isinstance(yl, Rows):  # one strided, one in rows: both as strided views
-        dl, yl = _as_strided(dl), _as_strided(yl)
+        dl, yl = api._as_strided(dl), api._as_strided(yl)
     target = dst
     xl = describe(shape, dst.strides, axis) if dst is not None else None
     if xl is None or (isinstance(xl, Strided) and xl.inner == 1):  # out's dims do not collapse
         target = type(src)(src.empty(shape))
         xl = describe(shape, target.strides, axis)
     if not (isinstance(dl, Rows) and isinstance(xl, Rows)):  # a strided one: all three as strided views
-        dl, yl, xl = _as_strided(dl), _as_strided(yl), _as_strided(xl)
+        dl, yl, xl = api._as_strided(dl), api._as_strided(yl), api._as_strided(xl)
     misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
     problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
     the_plan = plan_backward(problem, rt.profile(src.device_index))
-    _launch(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr})
+    api.launch_plan(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream())
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
         return out
     return src.result(target.array)
-
-
-def _launch(rt, src: DeviceArray, the_plan: Plan, buffers: dict[str, int]) -> None:
-    from . import api
-
-    stream = src.stream()
-    keep = None
-    if the_plan.scratch:
-        nbytes, offsets = the_plan.scratch_layout()
-        if not the_plan.scratch_zeroed:
-            base, keep = src.scratch(nbytes, zeroed=False)
-        elif src.capturing():  # a fill captured in a graph zeroes nothing until the graph runs
-            base, keep = src.scratch(nbytes)
-        else:
-            base = api._zeroed_scratch(src, nbytes, stream, rt)
-        buffers.update((name, base + offset) for name, offset in offsets.items())
-    rt.launch(the_plan, src.dtype, buffers, stream, src.device_index)
-    del keep  # stream-ordered allocators reuse scratch only after the launches above

@@ -448,10 +448,8 @@ def backward_catalogue(dtype: str, backend: str) -> set[str]:
     warps, _ = BACKENDS[backend]
     names = {e.name for e in grad_warp_free_entries(dtype)}
     for warp in warps:
-        for e in grad_warp_entries(dtype, warp):
-            names.add(e.name)
-            if e.macro == "PS_GRAD_SPLIT_ENTRY":
-                names.add(e.name.replace("ps_bwd_partials_", "ps_bwd_finish_"))
+        names.update(e.name for e in grad_warp_entries(dtype, warp))
+        names.update(grad_finish_name(dtype, op, warp, vec) for op in OPS for vec in vector_widths(dtype))
     return names
 
 

@@ -268,7 +268,8 @@ def _refuse_jax_out(out) -> None:
                          "(a JAX input gives a JAX result)")
 
 
-def _check_out(src, out):
+def _check_out(src, out, source: str = "the input"):
+    """out= checked against the classified array ``src`` (named ``source`` in the errors)."""
     if out is None:
         return None
     _refuse_jax_out(out)
@@ -277,11 +278,11 @@ def _check_out(src, out):
         src.on_device and (dst.vendor, dst.device_index) != (src.vendor, src.device_index)
     ):
         where = f"{src.vendor}:{src.device_index}" if src.on_device else "host"
-        raise ValueError(f"out must live where the input does ({where}); got {type(out).__name__} elsewhere")
+        raise ValueError(f"out must live where {source} does ({where}); got {type(out).__name__} elsewhere")
     if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"out has shape {tuple(dst.shape)}; the input's shape {tuple(src.shape)} is required")
+        raise ValueError(f"out has shape {tuple(dst.shape)}; {source}'s shape {tuple(src.shape)} is required")
     if dst.dtype != src.dtype:
-        raise ValueError(f"out has dtype {dst.dtype}; the input's dtype {src.dtype} is required")
+        raise ValueError(f"out has dtype {dst.dtype}; {source}'s dtype {src.dtype} is required")
     strides = dst.strides if dst.on_device else host_view(dst.array)[1]
     if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
         raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
@@ -376,7 +377,12 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
 
 
 def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> None:
-    buffers = {"x": src.ptr, "y": y_ptr}
+    launch_plan(rt, src, the_plan, {"x": src.ptr, "y": y_ptr}, stream)
+
+
+def launch_plan(rt, src: DeviceArray, the_plan: Plan, buffers: dict[str, int], stream: int) -> None:
+    """The plan's launches on ``stream`` with the named array ``buffers`` and the plan's scratch
+    (the kept zeroed scratch where the plan leaves it zero, else its own allocation)."""
     keep = None
     if the_plan.scratch:
         nbytes, offsets = the_plan.scratch_layout()

@@ -18,7 +18,7 @@ from functools import lru_cache
 from math import ceil
 
 from . import _variants as V
-from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError
+from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, _grid
 
 OPS = ("softmax", "log_softmax")
 
@@ -78,11 +78,10 @@ DEFAULT_GRAD_TUNING = GradTuning()
 
 @dataclass(frozen=True)
 class _Shape:
-    """What the row rules look at: the vector width, the slots a row covers and the compute size."""
+    """What the row rules look at: the vector width and the slots a row covers."""
 
     vec: int
     slots: int
-    compute_bytes: int
 
 
 @dataclass(frozen=True)
@@ -95,10 +94,6 @@ class Rule:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _grid(work: int, device: DeviceProfile, blocks_per_sm: int = 32) -> int:
-    return max(1, min(work, device.multiprocessors * blocks_per_sm, device.max_grid_x))
 
 
 def _row_args(p: GradRowProblem) -> tuple:
@@ -235,7 +230,7 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
     vec = _vec(problem)
-    shape = _Shape(vec, _slots(problem, vec), 8 if problem.dtype == "float64" else 4)
+    shape = _Shape(vec, _slots(problem, vec))
     for rule in ROW_RULES:
         if rule.applies(tuning, problem, device, shape):
             return rule.build(tuning, problem, device, shape)

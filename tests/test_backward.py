@@ -12,8 +12,9 @@ import shutil
 import ml_dtypes
 import numpy as np
 import pytest
-from emulation import CompilerUnavailable, EmulatedRuntime, EmulationLibrary, load_library
+from emulation import EmulatedRuntime, EmulationLibrary
 from emulation.build import SRC_CUDA
+from test_emulation import _library_or_skip
 
 import portable_softmax as ps
 from portable_softmax import _tolerance
@@ -59,13 +60,6 @@ def assert_gradient(got, dy, y, axis, op, what=""):
 
 
 # ---- the emulated kernels ---------------------------------------------------------------------------
-def _library_or_skip(*args) -> EmulationLibrary:
-    try:
-        return load_library(*args)
-    except CompilerUnavailable as e:
-        pytest.skip(str(e))
-
-
 @pytest.fixture(scope="module")
 def library() -> EmulationLibrary:
     return _library_or_skip()

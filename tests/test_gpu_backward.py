@@ -9,39 +9,13 @@ import threading
 import numpy as np
 import pytest
 from test_backward import assert_gradient, forward_output
+from test_gpu import _to_numpy, _torch_cuda, needs_cuda
 
 import portable_softmax as ps
 from portable_softmax import _probe
 from portable_softmax._dtypes import host_dtype
 
 pytestmark = pytest.mark.gpu
-
-
-def _cuda_reason() -> str | None:
-    try:
-        _probe.runtime("cuda")
-        return None
-    except _probe.BackendUnavailableError as e:
-        return f"no CUDA device here ({e})"
-
-
-needs_cuda = pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
-
-
-def _torch_cuda():
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
-def _to_numpy(t) -> np.ndarray:
-    import torch
-
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(host_dtype("bfloat16"))
-    return t.numpy()
 
 
 def _to_torch(a: np.ndarray):

@@ -144,11 +144,26 @@ class EmulatedRuntime:
     def run_plan(self, x: np.ndarray, plan: Plan, x_offset: int = 0, y_offset: int = 0) -> np.ndarray:
         """Like ``run_host``, with the input and output starting ``x_offset`` / ``y_offset`` elements past
         an aligned address (plan with the matching ``x_misalign`` / ``y_misalign``)."""
-        x = np.ascontiguousarray(x)
-        x_buf = GuardedBuffer(x.nbytes, x_offset * x.itemsize)
-        x_buf.payload[...] = x.reshape(-1).view(np.uint8)
-        y_buf = GuardedBuffer(x.nbytes, y_offset * x.itemsize)
-        buffers = {"x": x_buf, "y": y_buf}
+        return self._run(plan, {"x": (x, x_offset)}, ("y", y_offset))
+
+    def run_backward(self, dy: np.ndarray, y: np.ndarray, plan: Plan, offsets: tuple[int, int, int] = (0, 0, 0)
+                     ) -> np.ndarray:
+        """dx of a gradient plan (planner_backward) for C-contiguous dy and y, each array starting
+        ``offsets`` (dy, y, dx) elements past an aligned address; the guard and scratch checks of run_plan."""
+        return self._run(plan, {"dy": (dy, offsets[0]), "y": (y, offsets[1])}, ("dx", offsets[2]))
+
+    def _run(self, plan: Plan, inputs: dict[str, tuple[np.ndarray, int]], output: tuple[str, int]) -> np.ndarray:
+        """The plan's launches over guarded copies of ``inputs`` (name -> (array, offset in elements)) and a
+        poisoned output buffer of the first input's shape; the guards, the scratch left zero where the plan
+        says so, and the inputs left as they were are checked."""
+        arrays = {name: np.ascontiguousarray(a) for name, (a, _) in inputs.items()}
+        like = next(iter(arrays.values()))
+        buffers = {}
+        for name, (_, offset) in inputs.items():
+            buffers[name] = GuardedBuffer(like.nbytes, offset * like.itemsize)
+            buffers[name].payload[...] = arrays[name].reshape(-1).view(np.uint8)
+        out_name, out_offset = output
+        buffers[out_name] = GuardedBuffer(like.nbytes, out_offset * like.itemsize)
         for name, nbytes in plan.scratch:  # zero where the plan reads it as zero, else poison (NaN bytes)
             buffers[name] = GuardedBuffer(nbytes, fill=0 if plan.scratch_zeroed else _POISON)
         addresses = {name: buf.address for name, buf in buffers.items()}
@@ -164,38 +179,10 @@ class EmulatedRuntime:
                 if np.any(buffers[name].payload != 0):
                     raise EmulationError(f"the launches left scratch {name!r} not zero "
                                          f"({int(np.count_nonzero(buffers[name].payload))} bytes)")
-        if not np.array_equal(x_buf.payload, x.reshape(-1).view(np.uint8)):
-            raise EmulationError("a kernel wrote into its input")
-        return y_buf.payload.view(x.dtype).reshape(x.shape).copy()
-
-    def run_backward(self, dy: np.ndarray, y: np.ndarray, plan: Plan, offsets: tuple[int, int, int] = (0, 0, 0)
-                     ) -> np.ndarray:
-        """dx of a gradient plan (planner_backward) for C-contiguous dy and y, each array starting
-        ``offsets`` (dy, y, dx) elements past an aligned address; the guard and scratch checks of run_plan."""
-        dy, y = np.ascontiguousarray(dy), np.ascontiguousarray(y)
-        buffers = {}
-        for name, array, offset in (("dy", dy, offsets[0]), ("y", y, offsets[1]), ("dx", None, offsets[2])):
-            buffers[name] = GuardedBuffer(dy.nbytes, offset * dy.itemsize)
-            if array is not None:
-                buffers[name].payload[...] = array.reshape(-1).view(np.uint8)
-        for name, nbytes in plan.scratch:
-            buffers[name] = GuardedBuffer(nbytes, fill=0 if plan.scratch_zeroed else _POISON)
-        addresses = {name: buf.address for name, buf in buffers.items()}
-        for step in plan.launches:
-            self._check_fits(step)
-            grid = self.resident_grid(step) if step.cooperative else step.grid
-            self.library.launch(step.kernel, self._profile.warp_size, grid, step.block, step.shared_mem,
-                                step.args, addresses)
-        for name, buf in buffers.items():
-            buf.check_guards(name)
-        if plan.scratch_zeroed:
-            for name, _ in plan.scratch:
-                if np.any(buffers[name].payload != 0):
-                    raise EmulationError(f"the launches left scratch {name!r} not zero")
-        for name, array in (("dy", dy), ("y", y)):
+        for name, array in arrays.items():
             if not np.array_equal(buffers[name].payload, array.reshape(-1).view(np.uint8)):
                 raise EmulationError(f"a kernel wrote into its input {name}")
-        return buffers["dx"].payload.view(dy.dtype).reshape(dy.shape).copy()
+        return buffers[out_name].payload.view(like.dtype).reshape(like.shape).copy()
 
     def resident_grid(self, step) -> int:
         """The grid cut to the blocks this profile keeps resident, as the GPU runtimes cut it for
