@@ -463,6 +463,75 @@ def test_gpu_tensors_take_the_kernels():
         assert not bad.any(), f"{op}: {int(bad.sum())} elements outside {_tolerance.describe('bfloat16')}"
 
 
+# ---- tools/bench_distributed.py, end to end on gloo with a tiny shape -------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "tools", "bench_distributed.py")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bench_env(**extra) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+                **extra)
+
+
+def test_bench_runs_on_gloo(op="log_softmax", dtype="bfloat16"):
+    """Two ranks started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the environment):
+    the check passes, every method is timed, and the local steps' figures are printed."""
+    port = str(_free_port())
+    args = ["--cpu", "--rows", "9", "--cols", "301", "--iters", "2", "--warmup", "1", "--check-rows", "4",
+            "--op", op, "--dtype", dtype]
+    procs = [subprocess.Popen([sys.executable, BENCH, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=_bench_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in range(2)]
+    try:
+        logs = [p.communicate(timeout=WORLD_TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], logs
+    out = logs[0]
+    assert "Traceback" not in out and not logs[1].strip(), logs
+    assert f"{op} of 9 x 301 {dtype} sharded on the last axis over 2 ranks" in out, out
+    assert "check, values of 4 rows vs portable_softmax: 0 of 1204 elements outside" in out, out
+    assert "check, gradient of (y * w).sum() on those rows vs torch float64 autograd: 0 of 1204" in out, out
+    for method in ("portable_softmax.distributed ", "two all_reduces (torch ops) ", "DTensor softmax, Shard(-1) "):
+        row = next((line for line in out.splitlines() if line.startswith(method)), "")
+        assert len(row.split()) >= 4 and "failed" not in row, f"{method!r}: {row!r}\n{out}"
+    assert "speed-up of portable_softmax.distributed over DTensor softmax, Shard(-1): forward" in out, out
+    assert "local backward (TorchMath: grad_dot + grad_finish)" in out, out
+
+
+@pytest.mark.parametrize("argv, env, words", [
+    ([], {}, "launch with torchrun"),
+    (["--rows", "0"], {"RANK": "0", "WORLD_SIZE": "1"}, "--rows must be at least 1, got 0"),
+    (["--check-rows", "-2"], {"RANK": "0", "WORLD_SIZE": "1"}, "--check-rows must be at least 1, got -2"),
+])
+def test_bench_refuses_bad_launches(argv, env, words):
+    base = {k: v for k, v in _bench_env().items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, BENCH, *argv], capture_output=True, text=True, env=dict(base, **env),
+                          timeout=WORLD_TIMEOUT_S)
+    assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_bench_samples_rows_evenly():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_distributed", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.sample_rows(8192, 64)[:3] == [0, 130, 260] and bench.sample_rows(8192, 64)[-1] == 8191
+    assert len(bench.sample_rows(8192, 64)) == 64 and bench.sample_rows(5, 64) == [0, 1, 2, 3, 4]
+    assert bench.sample_rows(7, 1) == [0]
+
+
 @pytest.mark.parametrize("bad, error, words", [
     (np.zeros((2, 3)), TypeError, "takes a torch tensor"),
     (torch.zeros((2, 3), dtype=torch.int32), TypeError, "supports float16, bfloat16, float32, float64; got int32"),

@@ -6,17 +6,26 @@ Run on a machine with 2 GPUs (NCCL; RCCL on ROCm):
     torchrun --nproc-per-node 2 tools/bench_distributed.py
     torchrun --nproc-per-node 2 tools/bench_distributed.py --rows 8192 --cols 128256 --dtype bfloat16
 
-The tensor (rows x cols, sharded on its last axis, an even share per rank) is timed forward and
+The tensor (rows x cols, sharded on its last axis as DTensor's Shard splits it) is timed forward and
 forward + backward for each method. Times are the median of the iterations, the slowest rank's.
-"received B/row" counts the bytes a rank receives per row from the collectives (a ring all_reduce
-of b bytes: 2 (world - 1) / world b; an all_gather of b bytes a rank: (world - 1) b; the 128-byte
-header a rank adds to the gather once a call is left out). "local % of
-copy" times the local computation of this package's path alone (no collective), with the local
-math the call uses (KernelMath: the package's split kernels on a GPU) and with torch operations
-(TorchMath), against a device-to-device copy of the bytes it must move (forward: x read twice,
-once for the (m, d) pairs before the collective and once to normalise after it, y written;
-backward: dy and y read, dx written). Before timing, the result is checked against the
-single-GPU softmax of the gathered tensor within the package's tolerance.
+
+"recv B/row" counts the bytes a rank receives per row from the collectives: a ring all_reduce of
+b bytes, 2 (world - 1) / world b; an all_gather of b bytes a rank, (world - 1) b (the 128-byte
+header a rank adds to the gather once a call is left out).
+
+"local % of copy" times the local computation of this package's path alone (no collective), with
+the local math the call uses (KernelMath: the package's kernels on a GPU) and with torch
+operations (TorchMath), as the bandwidth of the bytes it must move over the bandwidth of a
+device-to-device copy of x. The forward must read x twice (the (m, d) pairs before the collective,
+the normalisation after it) and write y; the backward must read dy and y twice (the row sums
+before the all_reduce, dx after it) and write dx.
+
+Before timing, a sample of rows (--check-rows, spread evenly over the tensor) is gathered from the
+ranks and checked on rank 0: the values against the single-GPU ``portable_softmax`` call on the
+gathered rows within the package's tolerance (``_tolerance``), and the gradient of
+``(y * w).sum()`` against torch's float64 autograd of the gathered rows (float32 / float64:
+atol 1e-6 + rtol 1e-5; 16-bit: 8 units of the dtype's rounding of the sample's largest gradient).
+A check that fails makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -35,10 +44,17 @@ def _parse(argv):
     p.add_argument("--cols", type=int, default=128256, help="the whole (sharded) axis")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "float64"))
     p.add_argument("--op", default="softmax", choices=("softmax", "log_softmax"))
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--check-rows", type=int, default=64, help="rows of the sample the correctness check gathers")
     p.add_argument("--cpu", action="store_true", help="CPU tensors on gloo (a quick run of the bench itself)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("rows", "cols", "iters", "check_rows"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be at least 0, got {args.warmup}")
+    return args
 
 
 def _two_all_reduces(torch, dist, op: str):
@@ -100,42 +116,94 @@ def _timer(torch, dist, device):
     return time_ms
 
 
-def _check_against_single_gpu(torch, dist, x_local, y_local, op: str, rank: int, world: int) -> str:
-    """The gathered result against the single-GPU softmax of the gathered tensor, on rank 0."""
+def sample_rows(rows: int, count: int) -> list[int]:
+    """``count`` row indices spread evenly over ``rows`` (all of them when there are fewer), first and
+    last included.
+
+    >>> sample_rows(10, 4), sample_rows(3, 64)
+    ([0, 3, 6, 9], [0, 1, 2])
+    """
+    if count >= rows:
+        return list(range(rows))
+    if count == 1:
+        return [0]
+    return sorted({round(i * (rows - 1) / (count - 1)) for i in range(count)})
+
+
+def _gather_columns(torch, dist, t, world: int):
+    """Every rank's ``t`` (same leading shape, any width) concatenated along the last axis, on every rank:
+    slices padded to the widest (all_gather takes equal sizes), then cut back."""
+    width = torch.tensor([t.shape[-1]], device=t.device)
+    widths = [torch.empty_like(width) for _ in range(world)]
+    dist.all_gather(widths, width)
+    widths = [int(w) for w in widths]
+    padded = torch.nn.functional.pad(t, (0, max(widths) - t.shape[-1]))
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[..., :w] for p, w in zip(parts, widths)], -1)
+
+
+def _grad_outside(torch, got, ref):
+    """Mask of the gradient elements of ``got`` outside the bound of the module's docstring around
+    the float64 ``ref``: NaN must meet NaN."""
+    g = got.double()
+    if got.dtype in (torch.float32, torch.float64):
+        bound = 1e-6 + 1e-5 * ref.abs()
+    else:
+        eps = 2.0 ** -8 if got.dtype == torch.bfloat16 else 2.0 ** -11
+        finite = ref[ref.isfinite()]
+        bound = 1e-6 + 8 * eps * (float(finite.abs().max()) if finite.numel() else 0.0)
+    return ~(((g - ref).abs() <= bound) | (g.isnan() & ref.isnan()))
+
+
+def _check(torch, dist, fn, x, dy, op: str, rows: list[int], rank: int, world: int) -> tuple[bool, list[str]]:
+    """Run ``fn`` forward and backward once, gather the sampled rows and check them on rank 0 (module
+    docstring). Returns (passed, lines to print); other ranks get (True, [])."""
     import numpy as np
 
     from portable_softmax import _tolerance
     from portable_softmax import log_softmax as single_log_softmax
     from portable_softmax import softmax as single_softmax
 
-    def gather(t):  # slices padded to the widest (all_gather takes equal sizes), then cut back
-        width = torch.tensor([t.shape[-1]], device=t.device)
-        widths = [torch.empty_like(width) for _ in range(world)]
-        dist.all_gather(widths, width)
-        widths = [int(w) for w in widths]
-        padded = torch.nn.functional.pad(t, (0, max(widths) - t.shape[-1]))
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded)
-        return torch.cat([p[..., :w] for p, w in zip(parts, widths)], -1)
-
-    x, y = gather(x_local), gather(y_local)
+    xg = x.detach().requires_grad_(True)
+    y = fn(xg)
+    y.backward(dy)
+    index = torch.tensor(rows, device=x.device)
+    xs, ys, dys, dxs = (_gather_columns(torch, dist, t.detach().index_select(0, index), world)
+                        for t in (x, y, dy, xg.grad))
     if rank != 0:
-        return ""
+        return True, []
+    dtype = str(x.dtype).removeprefix("torch.")
     try:
-        ref = (single_softmax if op == "softmax" else single_log_softmax)(x, -1)
-        which = "portable_softmax"
-    except Exception as e:  # the single-GPU call cannot run here: torch's is the reference then
-        ref = (torch.softmax if op == "softmax" else torch.log_softmax)(x.float(), -1)
-        which = f"torch ({type(e).__name__}: {e})"
+        ref = (single_softmax if op == "softmax" else single_log_softmax)(xs, -1)
+        which = "the single-GPU portable_softmax" if xs.is_cuda else "portable_softmax"
+    except Exception as e:  # the single-GPU call cannot run here: torch's float64 is the reference then
+        ref = (torch.softmax if op == "softmax" else torch.log_softmax)(xs.double(), -1)
+        which = f"torch float64 ({type(e).__name__}: {e})"
     ref64 = ref.double().cpu().numpy()
-    got = y.cpu()
-    got_np = got.view(torch.int16).numpy().view(__import__("ml_dtypes").bfloat16) if got.dtype == torch.bfloat16 \
-        else got.numpy()
-    # the single-GPU result carries its own rounding: allow the tolerance on both sides
+    got = ys.cpu()
+    if got.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        got_np = got.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        got_np = got.numpy()
     bad = _tolerance.outside(got_np, ref64)
-    worst = float(np.nanmax(np.abs(got_np.astype(np.float64) - ref64)))
-    return (f"check vs single-GPU {which}: {int(bad.sum())} of {bad.size} elements outside "
-            f"{_tolerance.describe(str(got.dtype).removeprefix('torch.'))} (max |diff| {worst:.3g})")
+    worst = float(np.nanmax(np.abs(got_np.astype(np.float64) - ref64))) if got_np.size else 0.0
+    lines = [f"check, values of {len(rows)} rows vs {which}: {int(bad.sum())} of {bad.size} elements outside "
+             f"{_tolerance.describe(dtype)} (max |diff| {worst:.3g})"]
+    x64 = xs.double().requires_grad_(True)
+    y64 = (torch.softmax if op == "softmax" else torch.log_softmax)(x64, -1)
+    (ref_dx,) = torch.autograd.grad(y64, x64, dys.double())
+    grad_bad = _grad_outside(torch, dxs, ref_dx)
+    diff = (dxs.double() - ref_dx).abs()
+    worst_grad = float(diff[diff.isfinite()].max()) if diff.isfinite().any() else 0.0
+    lines.append(f"check, gradient of (y * w).sum() on those rows vs torch float64 autograd: {int(grad_bad.sum())} "
+                 f"of {grad_bad.numel()} elements outside the bound (max |diff| {worst_grad:.3g})")
+    passed = not bad.any() and not bool(grad_bad.any())
+    if not passed:
+        lines.append("check FAILED")
+    return passed, lines
 
 
 def main(argv=None) -> int:
@@ -169,6 +237,7 @@ def _bench(args, torch, dist) -> int:
 
     from portable_softmax import _sharded, distributed
 
+    began = time.perf_counter()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if args.cpu:
         device, backend = torch.device("cpu"), "gloo"
@@ -196,8 +265,12 @@ def _bench(args, torch, dist) -> int:
 
     name = "cpu" if args.cpu else torch.cuda.get_device_name(device)
     say(f"{op} of {args.rows} x {args.cols} {args.dtype} sharded on the last axis over {world} ranks "
-        f"({name}, torch {torch.__version__}, backend {backend})")
-    say(_check_against_single_gpu(torch, dist, x, ours(x), op, rank, world))
+        f"({name}, torch {torch.__version__}, backend {backend})", flush=True)
+    started = time.perf_counter()
+    passed, lines = _check(torch, dist, ours, x, dy, op, sample_rows(args.rows, args.check_rows), rank, world)
+    for line in lines:
+        say(line)
+    say(f"(check: {time.perf_counter() - started:.1f} s, the first call's kernel loading included)", flush=True)
 
     def with_grad(fn):
         def step():
@@ -211,17 +284,20 @@ def _bench(args, torch, dist) -> int:
         return torch_op(dt, -1).redistribute(mesh, [Shard(1)]).to_local()
 
     row_bytes = args.cols * itemsize
+    ring = 2 * (world - 1) / world
+    ours_recv = ((world - 1) * 2 * compute, ring * 8)  # the backward's row sums are float64
     recv = {
-        "portable_softmax.distributed": ((world - 1) * 2 * compute, 2 * (world - 1) / world * compute),
-        "portable_softmax.distributed, check=False": ((world - 1) * 2 * compute, 2 * (world - 1) / world * compute),
-        "two all_reduces (torch ops)": (2 * 2 * (world - 1) / world * compute, 2 * (world - 1) / world * compute),
+        "portable_softmax.distributed": ours_recv,
+        "portable_softmax.distributed, check=False": ours_recv,
+        "two all_reduces (torch ops)": (2 * ring * compute, ring * compute),
         # DTensor replicates the softmax axis: it gathers x forward and the incoming gradient backward
         "DTensor softmax, Shard(-1)": ((world - 1) / world * row_bytes, (world - 1) / world * row_bytes),
     }
     methods = {"portable_softmax.distributed": ours,
                "portable_softmax.distributed, check=False": lambda xl: ours(xl, check=False),
                "two all_reduces (torch ops)": two, "DTensor softmax, Shard(-1)": dtensor_fn}
-    rows = []
+    started = time.perf_counter()
+    rows, times = [], {}
     for name, fn in methods.items():
         try:
             fwd = time_ms(lambda fn=fn: fn(x), args.iters, args.warmup)
@@ -231,8 +307,10 @@ def _bench(args, torch, dist) -> int:
                 torch.cuda.empty_cache()
             rows.append((name, f"failed: {type(e).__name__}: {str(e)[:80]}", "", "", ""))
             continue
+        times[name] = (fwd, both)
         rf, rb = recv[name]
         rows.append((name, f"{fwd:.3f}", f"{both:.3f}", f"{rf:.0f}", f"{rb:.0f}"))
+    methods_s = time.perf_counter() - started
 
     # the local work of this package's path alone: partials + merge + finish, and grad_dot + grad_finish
     def local_times(math):
@@ -248,32 +326,38 @@ def _bench(args, torch, dist) -> int:
 
         return time_ms(forward, args.iters, args.warmup), time_ms(backward, args.iters, args.warmup)
 
+    started = time.perf_counter()
     y = torch.empty_like(x)
-    src = torch.empty(int(1.5 * x.numel()), dtype=dtype, device=device)
-    dst = torch.empty_like(src)
-    copy2 = time_ms(lambda: y.copy_(x), args.iters, args.warmup)  # reads x, writes y
-    copy3 = time_ms(lambda: dst.copy_(src), args.iters, args.warmup)  # 1.5x: the bytes of 2 reads and a write
+    copy = time_ms(lambda: y.copy_(x), args.iters, args.warmup)  # reads x, writes y
+    nbytes = x.numel() * itemsize
+    copy_bw = 2 * nbytes / copy if copy > 0 else float("inf")  # bytes a millisecond
     local = {type(m).__name__: m for m in (_sharded.local_math(x), _sharded.TORCH)}
     local_rows = [(name, *local_times(math)) for name, math in local.items()]
+    local_s = time.perf_counter() - started
 
     header = ("method", "forward ms", "fwd+bwd ms", "recv B/row fwd", "recv B/row bwd")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         say("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
-    ours_both = rows[0][2]
-    for r in rows[2:]:
-        try:
-            say(f"fwd+bwd speed-up of portable_softmax.distributed over {r[0]}: {float(r[2]) / float(ours_both):.2f}x")
-        except ValueError:
-            pass
-    say(f"device copy: {copy2:.3f} ms for read x + write y ({2 * x.numel() * itemsize / copy2 / 1e6:.0f} GB/s), "
-        f"{copy3:.3f} ms for 1.5x that")
+    if "portable_softmax.distributed" in times:
+        ours_fwd, ours_both = times["portable_softmax.distributed"]
+        for other in ("two all_reduces (torch ops)", "DTensor softmax, Shard(-1)"):
+            if other in times:
+                fwd, both = times[other]
+                say(f"speed-up of portable_softmax.distributed over {other}: forward {fwd / ours_fwd:.2f}x, "
+                    f"fwd+bwd {both / ours_both:.2f}x")
+    say(f"device copy of x: {copy:.3f} ms ({copy_bw / 1e6:.0f} GB/s counting read + write)")
+
+    def share(passes: int, t: float) -> str:  # the bandwidth of `passes` tensor-sized reads/writes in t
+        return f"{100 * passes * nbytes / t / copy_bw:.0f}%" if t > 0 else "n/a"
+
     for name, t_fwd, t_bwd in local_rows:
-        say(f"local forward ({name}: partials + merge + finish): {t_fwd:.3f} ms, {100 * copy3 / t_fwd:.0f}% of a "
-            f"copy of the bytes it must move (x read twice, y written), {100 * copy2 / t_fwd:.0f}% of read x + write y")
-        say(f"local backward ({name}: grad_dot + grad_finish): {t_bwd:.3f} ms, {100 * copy3 / t_bwd:.0f}% of a copy "
-            f"of read dy, y + write dx")
-    return 0
+        say(f"local forward ({name}: partials + merge + finish): {t_fwd:.3f} ms, {share(3, t_fwd)} of copy "
+            f"(x read twice, y written)")
+        say(f"local backward ({name}: grad_dot + grad_finish): {t_bwd:.3f} ms, {share(5, t_bwd)} of copy "
+            f"(dy and y read twice, dx written)")
+    say(f"(methods {methods_s:.1f} s, local steps {local_s:.1f} s, whole run {time.perf_counter() - began:.1f} s)")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
