@@ -8,12 +8,15 @@ collectives (``distributed`` does the collectives):
   (M, D) by the monoid (m1, d1) + (m2, d2) = (M, d1 exp(m1 - M) + d2 exp(m2 - M)), M = max(m1, m2);
 * ``finish(x, M, D, op, safe, axis)``: exp(x - M) / D, or x - M - log D;
 * ``grad_dot(dy, y, op, axis)``: the local part of the backward's row sum, sum(dy * y) for
-  softmax, sum(dy) for log_softmax;
-* ``grad_finish(dy, y, s, op, axis)``: y * (dy - s), or dy - exp(y) * s, given the row's full sum.
+  softmax, sum(dy) for log_softmax, in float64 whatever the dtype (the collective between ranks
+  must see the same dtype whichever implementation each rank runs);
+* ``grad_finish(dy, y, s, op, axis, empty=None)``: y * (dy - s), or dy - exp(y) * s, given the
+  row's full sum; 0 on the rows of the boolean mask ``empty`` (a safe log_softmax's rows of all
+  -inf, whose output is a constant).
 
 ``TorchMath`` computes each step with torch operations, float16/bfloat16 in float32 and float64 in
-float64; it runs wherever torch does. Another implementation (the package's kernels) only has to
-provide the same five methods.
+float64 (the gradient's row sums accumulated in float64); it runs wherever torch does. Another
+implementation (the package's kernels) only has to provide the same five methods.
 
 An empty local slice gives the monoid's identity (-inf, 0), and a slice of all -inf the same, so
 neither changes the merge. NaN in a slice gives m = NaN, which the merge carries into every rank's
@@ -53,7 +56,8 @@ class LocalMath(Protocol):
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor: ...
 
-    def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int) -> Tensor: ...
+    def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int,
+                    empty: Tensor | None = None) -> Tensor: ...
 
 
 def _without_neg_inf(m: Tensor) -> Tensor:
@@ -104,20 +108,26 @@ class TorchMath:
         return y.to(x.dtype)
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
-        c = compute_dtype(y.dtype)
-        if op == "softmax":
-            return _fresh(dy, c).mul_(y).sum(dim=axis)
-        return dy.sum(dim=axis, dtype=c)
-
-    def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
         c = compute_dtype(y.dtype)
-        sk = s.unsqueeze(axis)
+        if op == "softmax":  # the products in the compute dtype, their sum in float64 (as the kernels)
+            return _fresh(dy, c).mul_(y).sum(dim=axis, dtype=torch.float64)
+        # NaN in y makes the row's sum NaN, and so its whole dx (the sum holds no y to carry it)
+        return dy.sum(dim=axis, dtype=torch.float64).masked_fill_(y.isnan().any(dim=axis), float("nan"))
+
+    def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int,
+                    empty: Tensor | None = None) -> Tensor:
+        import torch
+
+        c = compute_dtype(y.dtype)
+        sk = s.to(c).unsqueeze(axis)
         if op == "softmax":
             dx = (dy - sk).mul_(y)  # dy - s is in the compute dtype (type promotion)
         else:
             dx = torch.sub(dy, _fresh(y, c).exp_().mul_(sk))
+        if empty is not None:
+            dx.masked_fill_(empty.unsqueeze(axis), 0.0)
         return dx.to(y.dtype)
 
 
@@ -125,12 +135,26 @@ TORCH = TorchMath()
 
 
 class KernelMath(TorchMath):
-    """``partials`` and ``finish`` by the package's two-pass split kernels, on rows along the last
-    axis of a contiguous tensor (others, and the merge and gradient steps, as TorchMath).
+    """The local steps by the package's two-pass split kernels, on rows along the last axis of
+    contiguous tensors (other layouts, and the merge of the gathered pairs, as TorchMath).
 
-    The first pass (``ps_split_partials_*``) with one chunk a row writes each row's (m, d); the
-    second (``ps_split_normalize_*``), given one (M, D) pair a row as its single chunk's partial,
-    merges it with nothing and normalises the row.
+    Forward: the first pass (``ps_split_partials_*``) with one chunk a row writes each row's (m, d);
+    the second (``ps_split_normalize_*``), given one (M, D) pair a row as its single chunk's
+    partial, merges it with nothing and normalises the row.
+
+    Backward: the gradient's first pass (``ps_bwd_partials_*``) with one chunk a row writes each
+    row's (sum, top) as two doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for
+    log_softmax the max of y, NaN where y holds NaN. The second (``ps_bwd_finish_*``) is given each
+    row's total as its single chunk's pair. ``top`` tells the finish two things, and crosses the
+    ranks inside the one all_reduce of the sums:
+
+    * NaN: ``grad_dot`` folds a NaN top into the row's sum, which the all_reduce (SUM) then makes
+      NaN on every rank, and a NaN sum makes the whole row's dx NaN, as a NaN top would;
+    * a safe log_softmax row of all -inf on every rank (its output is constant, its dx 0): that
+      is known from the forward's merged M = -inf, which the caller saves and passes to
+      ``grad_finish`` as ``empty``; the finish is handed top = -inf there and safe = 1, and top = 0
+      elsewhere. A rank's local top cannot tell it: its slice of a row may be all -inf while
+      other ranks' slices are not.
 
     ``profile`` is the device's planner.DeviceProfile; ``launch(plan, dtype, buffers)`` runs a
     planner.Plan's launches with named buffer addresses on the caller's stream.
@@ -192,6 +216,70 @@ class KernelMath(TorchMath):
         if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
             y.masked_fill_((m == float("-inf")).unsqueeze(-1), float("-inf"))
         return y
+
+    def _grad_rows(self, dy: Tensor, y: Tensor, axis: int) -> bool:
+        return self._rows(y, axis) and dy.dtype == y.dtype and dy.shape == y.shape and dy.is_contiguous()
+
+    def _plan_grad(self, op: str, dy: Tensor, y: Tensor, dx_ptr: int):
+        """(dtype, rows, cols, vec, slots) of the gradient's two-pass split with one chunk a row: the
+        vector width and the slots of a row as planner_backward takes them for these addresses."""
+        from ._arrays import element_misalign
+        from .planner_backward import GradRowProblem, _slots, _vec
+
+        dtype = str(y.dtype).removeprefix("torch.")
+        cols = y.shape[-1]
+        rows = y.numel() // cols
+        misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
+        p = GradRowProblem(dtype, op, rows, cols, None, misaligns)
+        vec = _vec(p)
+        return dtype, rows, cols, vec, _slots(p, vec)
+
+    def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
+        import torch
+
+        from . import _variants as V
+        from .planner import I64, PTR, Launch, Plan, _grid
+
+        if not self._grad_rows(dy, y, axis):
+            return super().grad_dot(dy, y, op, axis)
+        dtype, rows, cols, vec, slots = self._plan_grad(op, dy, y, dy.data_ptr())
+        sums = torch.empty(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top) a row
+        step = Launch(V.grad_partials_name(dtype, op, self.profile.warp_size, vec), _grid(rows, self.profile),
+                      V.GRAD_STREAM_THREADS, 0,
+                      ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols), (I64, cols),
+                       (I64, slots), (I64, 1)), cut_to_one_wave=False)
+        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
+                    {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
+        total, top = sums[:, 0], sums[:, 1]
+        # a fresh contiguous tensor for the all_reduce; log_softmax's NaN top folded into the sum
+        s = torch.where(top.isnan(), top, total) if op == "log_softmax" else total.clone()
+        return s.view(y.shape[:-1])
+
+    def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int,
+                    empty: Tensor | None = None) -> Tensor:
+        import torch
+
+        from . import _variants as V
+        from .planner import I32, I64, PTR, Launch, Plan, _grid
+
+        if not self._grad_rows(dy, y, axis):
+            return super().grad_finish(dy, y, s, op, axis, empty)
+        dx = torch.empty_like(y, memory_format=torch.contiguous_format)
+        dtype, rows, cols, vec, slots = self._plan_grad(op, dy, y, dx.data_ptr())
+        sums = torch.zeros(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top = 0) a row
+        sums[:, 0] = s.reshape(-1)
+        safe = empty is not None and op == "log_softmax"
+        if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
+            sums[:, 1].masked_fill_(empty.reshape(-1), float("-inf"))
+        step = Launch(V.grad_finish_name(dtype, op, self.profile.warp_size, vec), _grid(rows, self.profile),
+                      V.GRAD_STREAM_THREADS, 0,
+                      ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols),
+                       (I64, cols), (I64, cols), (I64, slots), (I64, 1), (I32, int(safe))), cut_to_one_wave=False)
+        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
+                    {"dy": dy.data_ptr(), "y": y.data_ptr(), "dx": dx.data_ptr(), "sums": sums.data_ptr()})
+        if empty is not None and not safe:  # softmax: y = 0 on such rows already; 0 even where dy is not finite
+            dx.masked_fill_(empty.unsqueeze(-1), 0.0)
+        return dx
 
 
 _kernel_math: dict = {}  # (vendor, device index) -> KernelMath

@@ -16,7 +16,7 @@ by a monoid: (m1, d1) + (m2, d2) = (M, d1 exp(m1 - M) + d2 exp(m2 - M)) with M =
 forward is: each rank takes its slices' pairs; ONE ``all_gather`` of the pairs (2 floats a row a
 rank); each rank merges the gathered pairs into the row's (M, D) and finishes its slice,
 exp(x - M) / D, or x - M - log D. The backward needs the row sum s = sum(dy * y) (softmax) or
-sum(dy) (log_softmax) over the whole axis: ONE ``all_reduce`` of a float a row, then
+sum(dy) (log_softmax) over the whole axis: ONE ``all_reduce`` of a float64 a row, then
 dx = y * (dy - s), or dy - exp(y) * s.
 
 Why an all_gather of pairs, not an all_reduce(MAX) of m then an all_reduce(SUM) of the rescaled d
@@ -33,10 +33,11 @@ Why an all_gather of pairs, not an all_reduce(MAX) of m then an all_reduce(SUM) 
 * the merge is exact in any order: every rank folds the same gathered pairs in the same order, so
   every rank computes bit-identical (M, D), whatever order the collective delivered them in.
 
-The local passes (the pairs; the normalisation) are the package's split kernels on a CUDA or ROCm
-device where the package's runtime opens (``PORTABLE_SOFTMAX_SHARDED_LOCAL=torch`` asks for torch
-operations instead), and torch operations elsewhere; the merge and the backward's local steps are
-torch operations, float16/bfloat16 accumulated in float32.
+The local passes (the pairs and the normalisation; the gradient's row sums and dx) are the
+package's two-pass split kernels, one chunk a row, on rows along the last axis of contiguous CUDA
+or ROCm tensors where the package's runtime opens (``PORTABLE_SOFTMAX_SHARDED_LOCAL=torch`` asks
+for torch operations instead), and torch operations elsewhere, float16/bfloat16 computed in
+float32; the merge of the gathered pairs is torch operations. The gradient's row sums are float64.
 
 Semantics follow the single-GPU call: NaN anywhere in a row makes the row NaN on every rank; a slice
 of all -inf on some ranks is fine; a row of all -inf on every rank gives NaN, or with ``safe=True``
@@ -112,7 +113,7 @@ def softmax(x: Tensor, axis: int = -1, *, group: Any = None, safe: bool = False,
     Returns:
         this rank's slice of the result, the dtype and shape of ``x``.
 
-    One all_gather of 2 floats a row a rank in the forward, one all_reduce of a float a row in the
+    One all_gather of 2 floats a row a rank in the forward, one all_reduce of a float64 a row in the
     backward. See the module's docstring for an example.
     """
     return _call(x, axis, "softmax", group, safe, check)
@@ -312,12 +313,10 @@ def _make_function():
         def backward(ctx, dy):
             y, empty = ctx.saved_tensors
             math = _sharded.local_math(y)
-            s = math.grad_dot(dy, y, ctx.op, ctx.axis)
+            s = math.grad_dot(dy, y, ctx.op, ctx.axis)  # float64 on every rank, whichever math it runs
             if not ctx.alone:
                 dist.all_reduce(s, op=dist.ReduceOp.SUM, group=ctx.group)
-            dx = math.grad_finish(dy, y, s, ctx.op, ctx.axis)
-            if empty is not None:
-                dx = dx.masked_fill(empty.unsqueeze(ctx.axis), 0.0)
+            dx = math.grad_finish(dy, y, s, ctx.op, ctx.axis, empty)
             return dx, None, None, None, None, None, None
 
     return ShardedSoftmax
