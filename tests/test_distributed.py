@@ -183,12 +183,19 @@ def case_nan_on_one_rank(ctx):
     widths = [3] * (ctx["world"] - 1) + [12 - 3 * (ctx["world"] - 1)]
     full[1, 0] = float("nan")  # in rank 0's slice: row 1 must be NaN on every rank
     full[2, -1] = float("inf")  # in the last rank's slice: +inf gives NaN, as torch.softmax
+    dy_full = torch.randn(full.shape, generator=ctx["gen"], dtype=torch.float64)
     for op in OPS:
         _run(ctx, full, 1, op, widths=widths, grads=False)
-        local = _slice(full, 1, widths, ctx["rank"]).to(ctx["device"])
-        y = (distributed.softmax if op == "softmax" else distributed.log_softmax)(local, 1).cpu()
+        local = _slice(full, 1, widths, ctx["rank"]).to(ctx["device"]).requires_grad_(True)
+        y = (distributed.softmax if op == "softmax" else distributed.log_softmax)(local, 1)
+        y.backward(_slice(dy_full, 1, widths, ctx["rank"]).to(ctx["device"]))
+        y, dx = y.detach().cpu(), local.grad.cpu()
         expect(ctx, bool(y[1].isnan().all() and y[2].isnan().all()), f"{op}: the NaN / +inf rows are not all NaN")
         expect(ctx, not y[[0, 3]].isnan().any(), f"{op}: NaN leaked into other rows")
+        # the gradient: NaN rows NaN on every rank, the others as the float64 reference's
+        expect(ctx, bool(dx[1].isnan().all() and dx[2].isnan().all()), f"{op}: the NaN rows' gradient is not NaN")
+        ref_dx = _slice(_reference_grad(full, dy_full, 1, op, False), 1, widths, ctx["rank"])
+        _check_grad(ctx, dx[[0, 3]], ref_dx[[0, 3]], f"{op} gradient of the rows without NaN")
 
 
 def case_neg_inf_slices(ctx):
@@ -201,6 +208,16 @@ def case_neg_inf_slices(ctx):
         for safe in (False, True):
             grads = safe  # without safe the all -inf row is NaN, and so is its gradient
             _run(ctx, full, 1, op, widths=widths, safe=safe, grads=grads)
+
+
+def case_bench_layout(ctx):
+    """bfloat16 rows along the last axis of contiguous slices, as the bench's (the local kernels on a
+    GPU), at widths that are not multiples of the vectors."""
+    for op in OPS:
+        for safe in (False, True):
+            full = _randn(ctx, 9, 4099, dtype=torch.bfloat16)
+            full[3] = NEG_INF
+            _run(ctx, full, 1, op, safe=safe, grads=safe)
 
 
 def case_empty_rows(ctx):
@@ -393,8 +410,8 @@ def _emulated_math(rt):
 
 
 def _offset_rows(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """A contiguous copy of t starting ``offset`` elements past an aligned address."""
-    flat = torch.empty(t.numel() + 16, dtype=t.dtype)
+    """A contiguous copy of t (on its device) starting ``offset`` elements past an aligned address."""
+    flat = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
     view = flat[offset:offset + t.numel()].view(t.shape)
     view.copy_(t)
     return view
@@ -436,6 +453,160 @@ def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
         for op, filled in (("softmax", 0.0), ("log_softmax", NEG_INF)):
             assert math.finish(empty, empty_m, empty_d, op, False, 1).isnan().all()
             assert (math.finish(empty, empty_m, empty_d, op, True, 1) == filled).all()
+
+
+# ---- the gradient's local steps by the kernels (KernelMath), against torch operations --------------
+GRAD_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _counting(math):
+    """A KernelMath like ``math`` whose launches are recorded (kernel names), to tell the kernels ran."""
+    from portable_softmax import _sharded
+
+    names: list[str] = []
+
+    def launch(plan, dtype, buffers):
+        names.extend(step.kernel for step in plan.launches)
+        math.launch(plan, dtype, buffers)
+
+    return _sharded.KernelMath(math.profile, launch), names
+
+
+def _grad_case(rng, op: str, dtype, rows: int, cols: int, device) -> tuple:
+    """(dy, y, empty) of one rank's slice: y the op's output of random logits, and among the rows
+    (when there are 5 or more) row 1 NaN (as the forward makes a row with NaN), row 2 a single NaN
+    in y, row 3 of all -inf on every rank (safe: y 0 or -inf, ``empty``), row 4 all -inf in this
+    slice alone (the same y, not ``empty``)."""
+    x = torch.from_numpy(rng.standard_normal((rows, cols)) * 3)
+    y = torch.softmax(x, 1) if op == "softmax" else torch.log_softmax(x, 1)
+    empty = torch.zeros(rows, dtype=torch.bool)
+    if rows >= 5:
+        y[1] = float("nan")
+        y[2, cols // 2] = float("nan")
+        y[3] = y[4] = 0.0 if op == "softmax" else NEG_INF
+        empty[3] = True
+    dy = torch.from_numpy(rng.standard_normal((rows, cols)))
+    return dy.to(dtype).to(device), y.to(dtype).to(device), empty.to(device)
+
+
+def _grad_bound(dtype, *magnitudes) -> float:
+    """Rounding room of the compute dtype for sums of terms of these magnitudes."""
+    eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    return 16 * eps * sum(magnitudes)
+
+
+def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str) -> None:
+    """KernelMath's grad_dot and grad_finish against TorchMath's (and both against float64 operations on
+    the same inputs); each step must have launched its kernel."""
+    from portable_softmax import _sharded
+
+    dtype = y.dtype
+    dy_kept, y_kept = dy.clone(), y.clone()
+    names.clear()
+    s = math.grad_dot(dy, y, op, 1)
+    want = _sharded.TORCH.grad_dot(dy, y, op, 1)
+    assert names and names[0].startswith("ps_bwd_partials_"), f"{what}: grad_dot launched {names}"
+    assert s.dtype == torch.float64 and s.shape == y.shape[:1], f"{what}: row sums {s.dtype} {tuple(s.shape)}"
+    terms = (dy.double() * y.double()) if op == "softmax" else dy.double()
+    room = _grad_bound(dtype, terms.abs().nan_to_num(0.0).sum(1))
+    assert _same(s.isnan(), want.isnan()), f"{what}: NaN sums at rows {s.isnan().nonzero().flatten().tolist()}, " \
+                                           f"want {want.isnan().nonzero().flatten().tolist()}"
+    ok = ((s - want).abs() <= room) | want.isnan()
+    assert bool(ok.all()), f"{what}: row sums {s[~ok].tolist()}, want {want[~ok].tolist()}"
+    # the finish with a row total as the all_reduce would leave it (other ranks' parts added)
+    total = want * 1.5 + 0.25
+    for mask in (empty, None):
+        names.clear()
+        dx = math.grad_finish(dy, y, total, op, 1, mask)
+        assert names and names[0].startswith("ps_bwd_finish_"), f"{what}: grad_finish launched {names}"
+        assert dx.dtype == dtype and dx.shape == y.shape, f"{what}: dx {dx.dtype} {tuple(dx.shape)}"
+        torch_dx = _sharded.TORCH.grad_finish(dy, y, total, op, 1, mask)
+        exact = _sharded.TORCH.grad_finish(dy.double(), y.double(), total, op, 1, mask)
+        y64, dy64, s64 = y.double(), dy.double(), total.unsqueeze(1).abs()
+        scale = y64.abs() * (dy64.abs() + s64) if op == "softmax" else dy64.abs() + y64.exp() * s64
+        info = torch.finfo(dtype)  # an ulp of the output dtype, the subnormals' spacing included
+        bound = info.eps * (exact.abs() + info.tiny) + _grad_bound(dtype, scale.nan_to_num(0.0))
+        for name, got in (("kernels", dx), ("torch", torch_dx)):
+            g = got.double()
+            ok = ((g - exact).abs() <= bound) | (g.isnan() & exact.isnan()) | ((g == exact) & exact.isinf())
+            assert bool(ok.all()), f"{what} empty={mask is not None} ({name}): {int((~ok).sum())} elements off, " \
+                                   f"got {g[~ok][:4].tolist()} want {exact[~ok][:4].tolist()}"
+        if y.shape[0] >= 5:
+            assert bool(dx[1:3].isnan().all()), f"{what}: a NaN in y leaves dx of its row not all NaN"
+            assert not dx[[0, 4]].isnan().any(), f"{what}: NaN leaked into other rows"
+            if op == "log_softmax":  # a slice of all -inf: exp(y) = 0, dx = dy; constant rows (empty): 0
+                assert torch.equal(dx[4], dy[4]), f"{what}: a slice of all -inf has dx {dx[4]}"
+                want_3 = torch.zeros_like(dy[3]) if mask is not None else dy[3]
+                assert torch.equal(dx[3], want_3), f"{what} empty={mask is not None}: dx {dx[3]}"
+            else:
+                assert bool((dx[3:5] == 0).all()), f"{what}: softmax rows of y = 0 have dx {dx[3:5]}"
+    assert _same(dy, dy_kept) and _same(y, y_kept), f"{what}: the inputs were changed"
+
+
+def _grad_shapes():
+    """(rows, cols, offset of dy, offset of y): the widths of the brief, aligned and not (dy and y at
+    different offsets take scalar slots)."""
+    return [(5, 1000, 0, 0), (6, 7, 1, 1), (3, 1, 0, 0), (5, 50257, 3, 3), (2, 1000, 1, 2), (7, 7, 0, 0)]
+
+
+@pytest.mark.parametrize("warp", ["emu32", "emu64"])
+@pytest.mark.parametrize("dtype", GRAD_DTYPES)
+def test_kernel_math_gradient_matches_torch_math(emulated, warp, dtype, rng):
+    """grad_dot by the gradient's split partials (one chunk a row) and grad_finish by its finish (the
+    row total as the single chunk's pair), in the SIMT emulation at warp 32 and 64."""
+    math, names = _counting(_emulated_math(emulated[warp]))
+    for op in OPS:
+        for rows, cols, dy_at, y_at in _grad_shapes():
+            dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cpu")
+            dy, y = _offset_rows(dy, dy_at), _offset_rows(y, y_at)
+            _check_grad_steps(math, names, dy, y, empty, op, f"{warp} {dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
+
+
+def test_kernel_math_gradient_falls_back_to_torch(emulated):
+    """An incoming gradient that is not contiguous (an expanded one, as sum() gives) and a non-last axis
+    run torch operations, which give the same float64 row sums."""
+    from portable_softmax import _sharded
+
+    math, names = _counting(_emulated_math(emulated["emu32"]))
+    y = torch.softmax(torch.randn(4, 9, dtype=torch.float64), 1).float()
+    dy = torch.ones(()).expand(4, 9)
+    s = math.grad_dot(dy, y, "softmax", 1)
+    assert not names and s.dtype == torch.float64 and torch.allclose(s, y.double().sum(1))
+    dx = math.grad_finish(dy, y, s, "softmax", 1)
+    assert not names and torch.allclose(dx, _sharded.TORCH.grad_finish(dy, y, s, "softmax", 1))
+    yt = torch.log_softmax(torch.randn(9, 4, dtype=torch.float64), 0)
+    s0 = math.grad_dot(torch.ones(9, 4, dtype=torch.float64), yt, "log_softmax", 0)
+    assert not names and torch.equal(s0, torch.full((4,), 9.0, dtype=torch.float64))
+
+
+def _gpu_math_or_skip():
+    from portable_softmax import _probe, _sharded
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm device")
+    vendor = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    try:
+        _probe.runtime(vendor)
+    except _probe.BackendUnavailableError as e:
+        pytest.skip(f"the package's {vendor} runtime does not open: {e}")
+    math = _sharded.local_math(torch.empty(1, device="cuda"))
+    assert isinstance(math, _sharded.KernelMath)
+    return math
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GRAD_DTYPES)
+def test_gpu_kernel_math_gradient_matches_torch_math(dtype, rng):
+    """The gradient's local steps on one GPU, no process group: the kernels against torch operations."""
+    math, names = _counting(_gpu_math_or_skip())
+    for op in OPS:
+        for rows, cols, dy_at, y_at in [*_grad_shapes(), (64, 64128, 0, 0)]:
+            dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cpu")
+            dy, y = _offset_rows(dy, dy_at).cuda(), _offset_rows(y, y_at).cuda()
+            if dy_at or y_at:  # .cuda() makes aligned copies: offset them on the device
+                dy, y = _offset_rows(dy, dy_at), _offset_rows(y, y_at)
+            _check_grad_steps(math, names, dy, y, empty.cuda(), op, f"{dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
+        torch.cuda.synchronize()
 
 
 @pytest.mark.gpu
