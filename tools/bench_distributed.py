@@ -23,9 +23,10 @@ before the all_reduce, dx after it) and write dx.
 Before timing, a sample of rows (--check-rows, spread evenly over the tensor) is gathered from the
 ranks and checked on rank 0: the values against the single-GPU ``portable_softmax`` call on the
 gathered rows within the package's tolerance (``_tolerance``), and the gradient of
-``(y * w).sum()`` against torch's float64 autograd of the gathered rows (float32 / float64:
-atol 1e-6 + rtol 1e-5; 16-bit: 8 units of the dtype's rounding of the sample's largest gradient).
-A check that fails makes the exit status 1.
+``(y * w).sum()`` (w: the random incoming gradient the timed backward passes too) against torch's
+float64 autograd of the gathered rows (float32 / float64: atol 1e-6 + rtol 1e-5; 16-bit: 8 units
+of the dtype's rounding of the sample's largest gradient). A check that fails makes the exit
+status 1.
 """
 
 from __future__ import annotations
