@@ -8,6 +8,7 @@ backend, on the emulated backends, and under torch's autograd (eager, torch.func
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +25,7 @@ from portable_softmax.planner_backward import (
     ROW_RULES,
     GradRowProblem,
     GradStridedProblem,
+    GradTuning,
     plan_backward,
 )
 
@@ -88,6 +90,25 @@ def test_every_row_regime_matches_the_reference(runtime, rng, dtype, op):
         got = runtime.run_backward(dy, y, the_plan)
         assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}")
     assert tiers == {"warp", "block", "cached", "split"}
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+@pytest.mark.parametrize("rows_a_round", [1, 2, 3])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_the_on_chip_split_takes_rows_in_rounds(runtime, rng, dtype, rows_a_round, rows):
+    """A grid of fewer blocks than the rows' chunks: each block takes rows in rounds and leaves the
+    scratch zero for the next launch."""
+    cols = 3 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * V.vector_widths(dtype)[1] - 5  # 3 chunks, a partial last
+    tuning = GradTuning(few_rows_fraction=0)  # every row past a warp's on chip
+    for op in ("softmax", "log_softmax"):
+        the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols), runtime.profile(0), tuning)
+        assert the_plan.tier == "cached", the_plan
+        chunks = the_plan.notes["chunks"]
+        launch = replace(the_plan.launches[0], grid=chunks * rows_a_round)
+        y = forward_output(rng, (rows, cols), 1, op, dtype)
+        dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+        got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)))
+        assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {rows_a_round} rows a round")
 
 
 @pytest.mark.parametrize("offsets", [(1, 1, 1), (1, 2, 3), (0, 0, 1)])
