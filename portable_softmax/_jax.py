@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from . import _jax_ffi
+from . import _jax_ffi, api
 from ._dtypes import storage_name
 from .layout import normalize_axis
 
@@ -122,10 +122,8 @@ def _host(x, axis: int, op: str, safe: bool):
     """The host callback: the package on the concrete array (the GPU through staging where present)."""
     import jax
 
-    from .api import _apply
-
     def compute(a):
-        return _apply(np.asarray(a), axis, op, None, safe)
+        return api._apply(np.asarray(a), axis, op, None, safe)
 
     shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
     # expand_dims: a vmapped call passes one array with the batch in front, computed at once
@@ -316,3 +314,6 @@ def _build():
         return y, tangent.bind(t, y, axis=axis)
 
     return softmax
+
+
+api.register_jax(is_tracer, traced)  # JAX tracers and JAX GPU arrays leave api's direct path here

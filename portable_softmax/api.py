@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import itertools
 import math
 import threading
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _jax, _probe, _torch_op
+from . import _probe
 from ._arrays import (
     ARRAY_LIKE,
     MASKED_ARRAY_ERROR,
@@ -139,6 +140,57 @@ def use_backend(name: str) -> Iterator[None]:
         _forced_host_backend.reset(token)
 
 
+# ---- framework adapters ------------------------------------------------------------------------
+# The torch and JAX adapters sit above this module: they import it and register their hooks here
+# (register_torch, register_jax) when they are imported. This module imports neither; the first
+# array of a framework whose adapter has not registered yet loads that adapter by name.
+_ADAPTERS = {"torch": "._torch_op", "jax": "._jax", "jaxlib": "._jax"}
+
+
+def _framework_of(x) -> str:
+    return type(x).__module__.partition(".")[0]
+
+
+def _load_adapter(framework: str) -> None:
+    importlib.import_module(_ADAPTERS[framework], __package__)  # its import registers its hooks
+
+
+def _torch_route_unloaded(x) -> str | None:
+    if _framework_of(x) != "torch":
+        return None
+    _load_adapter("torch")
+    return _torch_route(x)
+
+
+def _jax_is_tracer_unloaded(x) -> bool:
+    if _framework_of(x) not in ("jax", "jaxlib"):
+        return False
+    _load_adapter("jax")
+    return _jax_is_tracer(x)
+
+
+#: the torch adapter's route(x) -> how | None, and call(how, x, axis, op, safe)
+_torch_route: Any = _torch_route_unloaded
+_torch_call: Any = None
+#: the JAX adapter's is_tracer(x) -> bool, and traced(x, axis, op, safe, out)
+_jax_is_tracer: Any = _jax_is_tracer_unloaded
+_jax_traced: Any = None
+
+
+def register_torch(route: Any, call: Any) -> None:
+    """The torch adapter's hooks: ``route(x)`` says how a call on tensor x leaves the direct path
+    (None: it does not), ``call(how, x, axis, op, safe)`` makes that call."""
+    global _torch_route, _torch_call
+    _torch_call, _torch_route = call, route  # the route last: a set route finds its call
+
+
+def register_jax(is_tracer: Any, traced: Any) -> None:
+    """The JAX adapter's hooks: ``is_tracer(x)`` says whether x goes through JAX's machinery,
+    ``traced(x, axis, op, safe, out)`` computes it there."""
+    global _jax_is_tracer, _jax_traced
+    _jax_traced, _jax_is_tracer = traced, is_tracer
+
+
 def _apply(x, axis, op: str, out, safe: bool):
     if type(x) is not np.ndarray:
         if isinstance(x, ARRAY_LIKE):
@@ -147,7 +199,7 @@ def _apply(x, axis, op: str, out, safe: bool):
             return _ndarray_subclass(x, axis, op, out, safe)
     if type(axis) is not int and (axis is None or isinstance(axis, (tuple, list))):
         return _over_axes(x, axis, op, out, safe)
-    how = _torch_op.route(x)
+    how = _torch_route(x)
     if how is not None:
         return _through_torch(how, x, axis, op, out, safe)
     return _direct(x, axis, op, out, safe)
@@ -168,8 +220,8 @@ def _over_axes(x, axis, op: str, out, safe: bool):
         src = classify(x)
         y = _over_axes(src.array, axis, op, None if out is None else _out_array(out), safe)
         return out if out is not None else (src.wrap(y) if isinstance(src, Host) else src.result(y))
-    if out is not None and _jax.is_tracer(x):
-        return _jax.traced(x, 0, op, safe, out)  # its error: out= cannot take a traced array
+    if out is not None and _jax_is_tracer(x):
+        return _jax_traced(x, 0, op, safe, out)  # its error: out= cannot take a traced array
     ndim = x.ndim
     axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
     if len(set(axes)) != len(axes):
@@ -205,7 +257,7 @@ def _out_array(out):
 
 def _write_out(x, y, out, op: str):
     """Copy a computed result into out=, after the checks the direct path makes of out."""
-    how = _torch_op.route(x)
+    how = _torch_route(x)
     if how is not None:
         _check_torch_out(how, x, out, op)
         return out.copy_(y)
@@ -216,8 +268,8 @@ def _write_out(x, y, out, op: str):
 
 def _direct(x, axis, op: str, out, safe: bool):
     """The computation on the caller's array, with no torch machinery around it."""
-    if _jax.is_tracer(x):
-        return _jax.traced(x, axis, op, safe, out)
+    if _jax_is_tracer(x):
+        return _jax_traced(x, axis, op, safe, out)
     src = classify(x)
     given_axis, axis = axis, normalize_axis(axis, len(src.shape))
     dst = _check_out(src, out)
@@ -238,9 +290,9 @@ def _through_torch(how: str, x, axis, op: str, out, safe: bool):
     storage_name(x.dtype)  # an unsupported dtype is refused here, before torch traces the operator
     axis = normalize_axis(axis, x.dim())
     if out is None:
-        return _torch_op.call(how, x, axis, op, safe)
+        return _torch_call(how, x, axis, op, safe)
     _check_torch_out(how, x, out, op)
-    return out.copy_(_torch_op.call(how, x, axis, op, safe))
+    return out.copy_(_torch_call(how, x, axis, op, safe))
 
 
 def _check_torch_out(how: str, x, out, op: str) -> None:
@@ -249,7 +301,8 @@ def _check_torch_out(how: str, x, out, op: str) -> None:
                          "requires grad, or inside a forward-mode dual level): autograd does not record a "
                          "write into out (torch's out= arguments refuse it too); call without out=, or "
                          "under torch.no_grad() outside the dual level")
-    torch = _torch_op.torch_module()
+    import torch  # imported already: x is a tensor
+
     if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"out must be a torch tensor of the input's shape {tuple(x.shape)}, dtype {x.dtype} "
                          f"and device {x.device}; got {_described(out)}")
