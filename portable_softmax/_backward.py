@@ -9,6 +9,7 @@ import numpy as np
 from . import _probe, api
 from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
 from ._dtypes import storage_name
+from ._runtime import HostRuntime
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
 
@@ -102,7 +103,7 @@ def _run_host(src: Host, ys: Host, axis: int, op: str, dst: Host | None, out):
     y = y if y.dtype.isnative else y.astype(y.dtype.newbyteorder("="))
     name = api._forced_host_backend.get()
     rt = api.host_runtimes.get(name) if name else None
-    if rt is not None and hasattr(rt, "run_backward") and dy.ndim and dy.size:
+    if rt is not None and dy.ndim and dy.size:
         dx = _run_staged(rt, dy, y, axis, op)
     else:
         dx = gradient_on_host(dy, y, axis, op)
@@ -112,7 +113,7 @@ def _run_host(src: Host, ys: Host, axis: int, op: str, dst: Host | None, out):
     return src.wrap(dx)
 
 
-def _run_staged(rt, dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
+def _run_staged(rt: HostRuntime, dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
     """A runtime that takes host arrays (the emulation) through its kernels."""
     dy, y = np.ascontiguousarray(dy), np.ascontiguousarray(y)
     shape, strides = host_view(dy)

@@ -14,23 +14,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import _launch
 from . import _variants as V
-from ._launch import (
-    KERNEL_DIR,
-    PackedArgs,
-    compiled_launcher,
-    cooperative_launch_status,
-    inline_source,
-    launcher_kind,
-    source_dir,
-)
-from .planner import PTR, DeviceProfile, Plan, one_wave
+from ._launch import KERNEL_DIR, inline_source, source_dir
+from ._runtime import DriverRuntime
+from .planner import DeviceProfile, Launch, Plan, one_wave
 
 _STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -51,7 +43,7 @@ def cuda_launch_entry_point(symbol: str = "cuLaunchKernel") -> int | None:
     return None
 
 
-class CudaRuntime:
+class CudaRuntime(DriverRuntime):
     vendor = "cuda"
 
     def __init__(self):
@@ -137,7 +129,7 @@ class CudaRuntime:
         self._modules[key] = mod
         return mod
 
-    def function(self, device: int, dtype: str, name: str, shared_mem: int) -> int:
+    def function(self, device: int, dtype: str, name: str, shared_mem: int = 0) -> int:
         key = (device, name)
         ptr = self._functions.get(key)
         if ptr is None or shared_mem > self._dynamic_shared_limit[ptr]:
@@ -159,16 +151,18 @@ class CudaRuntime:
         self._module(device, dtype)
         return self.sources[(device, dtype)]
 
-    # ---- launch ---------------------------------------------------------------------
-    def launch(self, plan: Plan, dtype: str, buffers: dict[str, int], stream: int, device: int) -> None:
-        if device != self.current_device():
-            with self.cupy.cuda.Device(device):
-                return self.launch(plan, dtype, buffers, stream, device)
+    # ---- launch (the shared parts: _runtime.DriverRuntime) ----------------------------------------
+    LAUNCH_SYMBOL = "cuLaunchKernel"
+    COOPERATIVE_SYMBOL = "cuLaunchCooperativeKernel"
+    MISSING_LAUNCH = "cuLaunchKernel not found in the CUDA driver library"
+
+    def _steps(self, plan: Plan, dtype: str, device: int) -> list[tuple[int, int, Launch]]:
+        """(function, grid, step) per launch, each function's dynamic shared memory raised as it needs."""
+        steps = []
         for step in plan.launches:
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
-            packed = PackedArgs(step.args, buffers)
-            grid = self.resident_grid(fn, step, device)
-            self._launch_one(fn, grid, step.block, step.shared_mem, stream, packed.address, step.cooperative)
+            steps.append((fn, self.resident_grid(fn, step, device), step))
+        return steps
 
     def _launch_one(self, fn: int, grid: int, block: int, shared_mem: int, stream: int, params: int,
                     cooperative: bool) -> None:
@@ -177,86 +171,20 @@ class CudaRuntime:
         else:
             self.driver.launchKernel(fn, grid, 1, 1, block, 1, 1, shared_mem, stream, params, 0)
 
-    def launch_entry_point(self) -> int | None:
-        """cuLaunchKernel's address for the compiled launcher (looked up once)."""
-        if self._entry_point is None:
-            self._entry_point = cuda_launch_entry_point() or 0
-        return self._entry_point or None
+    def _switch_to(self, device: int):
+        return self.cupy.cuda.Device(device)  # restores the previous device on exit
 
-    def cooperative_entry_point(self) -> int | None:
-        """cuLaunchCooperativeKernel's address for the compiled launcher (looked up once); None
-        where the Python path launches such steps plainly too (cooperative launches not asked for,
-        or no launchCooperativeKernel in cupy), so that both paths launch alike."""
-        if not _launch.COOPERATIVE_LAUNCHES:
-            return None
-        if self._cooperative_entry_point is None:
-            found = cuda_launch_entry_point("cuLaunchCooperativeKernel") if self._launch_cooperative else None
-            self._cooperative_entry_point = found or 0
-        return self._cooperative_entry_point or None
+    def _find_entry_point(self, symbol: str) -> int | None:
+        return cuda_launch_entry_point(symbol)
 
-    def cooperative_launch(self) -> str:
-        """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
-        return cooperative_launch_status(self._launch_cooperative is not None,
-                                         f"cupy {self.cupy.__version__} has no driver.launchCooperativeKernel",
-                                         "cuLaunchCooperativeKernel")
+    def _has_cooperative_call(self) -> bool:
+        return self._launch_cooperative is not None
 
-    def launcher_kind(self) -> str:
-        """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
-        return launcher_kind(self.launch_entry_point(), "cuLaunchKernel not found in the CUDA driver library")
+    def _missing_cooperative(self) -> str:
+        return f"cupy {self.cupy.__version__} has no driver.launchCooperativeKernel"
 
     def _describe_error(self, code: int) -> str:
         return str(self.driver.CUDADriverError(code))  # "CUDA_ERROR_...: text", from the driver
-
-    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None):
-        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream). ``buffers`` holds
-        the addresses of the plan's scratch buffers, which every call uses.
-
-        It launches from C (``_fastlaunch``) where that module is built, else from Python; either
-        way it first makes ``device`` current if it is not.
-        """
-        functions, grids = [], []
-        for step in plan.launches:
-            fn = self.function(device, dtype, step.kernel, step.shared_mem)
-            functions.append(fn)
-            grids.append(self.resident_grid(fn, step, device))
-        current_device = self.current_device
-        fast = compiled_launcher(self.launch_entry_point(), plan, functions, grids, buffers,
-                                 describe=self._describe_error,
-                                 cooperative_entry_point=self.cooperative_entry_point())
-        if fast is not None:
-            launch = fast.launch  # the bound C method: no argument tuple per call
-            if self.device_count == 1:
-                return launch  # one device: it is the current one
-
-            def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
-                if current_device() != device:
-                    with self.cupy.cuda.Device(device):
-                        return launch(x_ptr, y_ptr, stream)
-                return launch(x_ptr, y_ptr, stream)
-
-            return launcher
-
-        steps = []
-        for step, fn, grid in zip(plan.launches, functions, grids):
-            packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
-            x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
-            y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-            steps.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at, step.cooperative))
-        launch_one, lock = self._launch_one, threading.Lock()
-
-        def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
-            if current_device() != device:
-                with self.cupy.cuda.Device(device):
-                    return launcher(x_ptr, y_ptr, stream)
-            with lock:  # the packed values are shared by the threads calling this launcher
-                for fn, grid, block, smem, packed, x_at, y_at, cooperative in steps:
-                    for i in x_at:
-                        packed.values[i].value = x_ptr
-                    for i in y_at:
-                        packed.values[i].value = y_ptr
-                    launch_one(fn, grid, block, smem, stream, packed.address, cooperative)
-
-        return launcher
 
     def resident_grid(self, fn: int, step, device: int) -> int:
         """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""

@@ -25,7 +25,6 @@ import struct
 import tempfile
 import threading
 import types
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,16 +33,9 @@ import numpy as np
 
 from . import _launch
 from . import _variants as V
-from ._launch import (
-    KERNEL_DIR,
-    PackedArgs,
-    compiled_launcher,
-    cooperative_launch_status,
-    inline_source,
-    launcher_kind,
-    source_dir,
-)
-from .planner import PTR, DeviceProfile, Launch, Plan, one_wave
+from ._launch import KERNEL_DIR, inline_source, source_dir
+from ._runtime import DriverRuntime
+from .planner import DeviceProfile, Launch, Plan, one_wave
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
 HIP_SUCCESS = 0
@@ -401,7 +393,7 @@ class HipRtcCache:
 
 
 # ---- the runtime ----------------------------------------------------------------------------------
-class HipRuntime:
+class HipRuntime(DriverRuntime):
     vendor = "hip"
 
     def __init__(self):
@@ -524,7 +516,8 @@ class HipRuntime:
         self._modules[key] = mod
         return mod
 
-    def function(self, device: int, dtype: str, name: str):
+    def function(self, device: int, dtype: str, name: str, shared_mem: int = 0):
+        """The kernel's handle; ``shared_mem`` needs no opt-in on AMD (plans stay within sharedMemPerBlock)."""
         key = (device, name)
         fn = self._functions.get(key)
         if fn is None:
@@ -539,8 +532,12 @@ class HipRuntime:
         self._module(device, dtype)
         return self.sources[(device, dtype)]
 
-    # ---- launch -------------------------------------------------------------------------------
-    def _prepared_steps(self, plan: Plan, dtype: str, device: int) -> list[tuple[Any, int, Launch]]:
+    # ---- launch (the shared parts: _runtime.DriverRuntime) ----------------------------------------
+    LAUNCH_SYMBOL = "hipModuleLaunchKernel"
+    COOPERATIVE_SYMBOL = "hipModuleLaunchCooperativeKernel"
+    MISSING_LAUNCH = "hipModuleLaunchKernel not found in a loaded HIP runtime library"
+
+    def _steps(self, plan: Plan, dtype: str, device: int) -> list[tuple[Any, int, Launch]]:
         """(function, grid, step) per launch. No shared-memory opt-in on AMD: the profile already
         caps plans at sharedMemPerBlock."""
         steps = []
@@ -549,12 +546,6 @@ class HipRuntime:
             grid = self.resident_grid(fn, step, device)
             steps.append((fn, grid, step))
         return steps
-
-    def launch(self, plan: Plan, dtype: str, buffers: dict[str, int], stream: int, device: int) -> None:
-        with _on_device(self, device):
-            for fn, grid, step in self._prepared_steps(plan, dtype, device):
-                packed = PackedArgs(step.args, buffers)
-                self._launch_one(fn, grid, step.block, step.shared_mem, stream, packed.address, step.cooperative)
 
     def _launch_one(self, fn, grid: int, block: int, shared_mem: int, stream: int, params: int,
                     cooperative: bool) -> None:
@@ -577,36 +568,22 @@ class HipRuntime:
             self._launch_cooperative = found or False
         return self._launch_cooperative or None
 
-    def cooperative_entry_point(self) -> int | None:
-        """hipModuleLaunchCooperativeKernel's address for the compiled launcher (looked up once);
-        None where cooperative launches are not asked for, the runtime lacks it, or for a stand-in
-        for hip-python."""
-        if not _launch.COOPERATIVE_LAUNCHES:
-            return None
-        if self._cooperative_entry_point is None:
-            real = isinstance(self.hip, types.ModuleType)
-            found = hip_launch_entry_point(symbol="hipModuleLaunchCooperativeKernel") if real else None
-            self._cooperative_entry_point = found or 0
-        return self._cooperative_entry_point or None
+    def _switch_to(self, device: int):
+        return _on_device(self, device)
 
-    def cooperative_launch(self) -> str:
-        """How launches whose blocks wait on each other are made: 'cooperative (...)' or 'plain (why)'."""
-        return cooperative_launch_status(self._cooperative_launcher() is not None,
-                                         "hipModuleLaunchCooperativeKernel is not in this HIP runtime",
-                                         "hipModuleLaunchCooperativeKernel")
+    def _find_entry_point(self, symbol: str) -> int | None:
+        """``symbol``'s address in the library hip-python loaded; None for a stand-in for hip-python,
+        which has no library."""
+        return hip_launch_entry_point(symbol=symbol) if isinstance(self.hip, types.ModuleType) else None
 
-    def launch_entry_point(self) -> int | None:
-        """hipModuleLaunchKernel's address in the library hip-python loaded (looked up once), for
-        the compiled launcher; None for a stand-in for hip-python, which has no library."""
-        if self._entry_point is None:
-            real = isinstance(self.hip, types.ModuleType)
-            self._entry_point = (hip_launch_entry_point() if real else None) or 0
-        return self._entry_point or None
+    def _has_cooperative_call(self) -> bool:
+        return True  # where the runtime lacks the entry point, cooperative_entry_point finds none
 
-    def launcher_kind(self) -> str:
-        """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
-        return launcher_kind(self.launch_entry_point(),
-                             "hipModuleLaunchKernel not found in a loaded HIP runtime library")
+    def _cooperative_available(self) -> bool:
+        return self._cooperative_launcher() is not None
+
+    def _missing_cooperative(self) -> str:
+        return "hipModuleLaunchCooperativeKernel is not in this HIP runtime"
 
     def _describe_error(self, code: int) -> str:
         try:
@@ -614,50 +591,6 @@ class HipRuntime:
             return f"{error_name(err)}: {self._describe(err)}"
         except Exception:  # a code hip-python does not know
             return error_name(code)
-
-    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None):
-        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream). ``buffers`` holds
-        the addresses of the plan's scratch buffers, which every call uses.
-
-        It launches from C (``_fastlaunch``) where that module is built, else from Python; either
-        way on ``device``, made current for the call where the process has several.
-        """
-        with _on_device(self, device):
-            prepared_steps = self._prepared_steps(plan, dtype, device)
-        entry_point, fast = self.launch_entry_point(), None
-        if entry_point:  # handles become integers only where a real runtime made them
-            fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in prepared_steps],
-                                     [grid for _, grid, _ in prepared_steps], buffers, describe=self._describe_error,
-                                     cooperative_entry_point=self.cooperative_entry_point())
-        if fast is not None:
-            launch = fast.launch  # the bound C method: no argument tuple per call
-            if self.device_count == 1:
-                return launch  # one device: it is current (as _on_device assumes)
-
-            def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
-                with _on_device(self, device):
-                    launch(x_ptr, y_ptr, stream)
-
-            return launcher
-
-        prepared = []
-        for fn, grid, step in prepared_steps:
-            packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
-            x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
-            y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-            prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at, step.cooperative))
-        launch_one, lock = self._launch_one, threading.Lock()
-
-        def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
-            with _on_device(self, device), lock:  # the packed values are shared by the calling threads
-                for fn, grid, block, smem, packed, x_at, y_at, cooperative in prepared:
-                    for i in x_at:
-                        packed.values[i].value = x_ptr
-                    for i in y_at:
-                        packed.values[i].value = y_ptr
-                    launch_one(fn, grid, block, smem, stream, packed.address, cooperative)
-
-        return launcher
 
     def resident_grid(self, fn, step: Launch, device: int) -> int:
         """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""

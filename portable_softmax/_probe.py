@@ -11,6 +11,7 @@ import os
 from functools import cache
 
 from . import __version__
+from ._runtime import Runtime
 
 BACKENDS = ("cuda", "hip", "cpu")
 ENV_VAR = "PORTABLE_SOFTMAX_BACKEND"
@@ -20,7 +21,7 @@ class BackendUnavailableError(RuntimeError):
     pass
 
 
-def _try_cuda():
+def _try_cuda() -> Runtime:
     from ._cuda import CudaRuntime
 
     rt = CudaRuntime()
@@ -29,7 +30,7 @@ def _try_cuda():
     return rt
 
 
-def _try_hip():
+def _try_hip() -> Runtime:
     try:
         from ._hip import HipRuntime
     except ImportError as e:
@@ -44,7 +45,7 @@ _OPENERS = {"cuda": _try_cuda, "hip": _try_hip}
 
 
 @cache
-def runtime(vendor: str):
+def runtime(vendor: str) -> Runtime:
     """The runtime adapter of a vendor (cached), or BackendUnavailableError saying why not."""
     try:
         return _OPENERS[vendor]()
@@ -85,12 +86,12 @@ def host_backend() -> str:
 
 def backend_info() -> dict:
     """The probe's report: backend, why, runtime versions, device and where kernels come from."""
-    from ._launch import launcher_status
-
     name, reasons = _choice(os.environ.get(ENV_VAR) or None)
     info: dict = {"backend": name, "why": dict(reasons), "package_version": __version__}
     if name == "cpu":
         import numpy
+
+        from ._launch import launcher_status
 
         # what repeat calls of GPU arrays would launch through: a property of the installation
         info.update(runtime_package=f"numpy {numpy.__version__}", device="host CPU",
@@ -110,8 +111,7 @@ def backend_info() -> dict:
         shared_mem_per_block_optin=prof.shared_mem_per_block_optin,
         kernel_source=rt.kernel_source(dev, "float32"),
         jit_cache_dir=rt.cache_dir(),
-        repeat_call_launcher=rt.launcher_kind() if hasattr(rt, "launcher_kind") else launcher_status(),
+        repeat_call_launcher=rt.launcher_kind(),
+        cooperative_launch=rt.cooperative_launch(),
     )
-    if hasattr(rt, "cooperative_launch"):
-        info["cooperative_launch"] = rt.cooperative_launch()
     return info

@@ -27,6 +27,7 @@ from ._arrays import (
     torch_stream_reader,
 )
 from ._dtypes import dtype_name, storage_name
+from ._runtime import HostRuntime, Runtime
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
 from .reference import compute_on_host
@@ -34,8 +35,8 @@ from .reference import compute_on_host
 ArrayT = TypeVar("ArrayT")
 
 _forced_host_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("host_backend", default=None)
-#: extra host backends by name (runtimes with ``profile`` / ``current_device`` / ``run_host``)
-host_runtimes: dict[str, Any] = {}
+#: extra host backends by name (the emulated runtimes of the tests)
+host_runtimes: dict[str, HostRuntime] = {}
 
 
 #: what ``axis`` takes: one axis, several (softmax over their joint set), or None (all elements)
@@ -378,7 +379,7 @@ def _as_strided(layout: Rows | Strided) -> Strided:
     return Strided(layout.rows, layout.cols, 1, (layout.row_stride, 1, 0))
 
 
-def run_host_array(rt, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndarray:
+def run_host_array(rt: HostRuntime | Runtime, x: np.ndarray, axis: int, op: str, safe: bool) -> np.ndarray:
     """Compute a host array on a runtime that stages it (GPU runtimes, the emulation)."""
     x = np.ascontiguousarray(x)
     axis = normalize_axis(axis, x.ndim)
@@ -429,11 +430,11 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     return src.result(target.array)
 
 
-def _launch(rt, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> None:
+def _launch(rt: Runtime, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> None:
     launch_plan(rt, src, the_plan, {"x": src.ptr, "y": y_ptr}, stream)
 
 
-def launch_plan(rt, src: DeviceArray, the_plan: Plan, buffers: dict[str, int], stream: int) -> None:
+def launch_plan(rt: Runtime, src: DeviceArray, the_plan: Plan, buffers: dict[str, int], stream: int) -> None:
     """The plan's launches on ``stream`` with the named array ``buffers`` and the plan's scratch
     (the kept zeroed scratch where the plan leaves it zero, else its own allocation)."""
     keep = None
@@ -532,7 +533,7 @@ def _retire_thread_stream(state: _ThreadStream) -> None:
                 _outgrown.append(prepared[3])
 
 
-def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt) -> int:
+def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt: Runtime) -> int:
     """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long.
     ``rt`` (the runtime adapter) drains a per-thread default stream when its thread ends."""
     key = (src.vendor, src.device_index, stream_key(stream))
@@ -546,7 +547,7 @@ def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt) -> int:
     return held[0]
 
 
-def _watch_thread_stream(src: DeviceArray, rt) -> None:
+def _watch_thread_stream(src: DeviceArray, rt: Runtime) -> None:
     """Drain this thread's per-thread stream on `src`'s device when the thread ends."""
     _thread_stream().drains.setdefault((src.vendor, src.device_index), rt)
 
@@ -616,7 +617,7 @@ def _prepared_key(x, axis, op, safe, out=None):
     return key + (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
 
 
-def _prepare(rt, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int, out=None) -> None:
+def _prepare(rt: Runtime, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int, out=None) -> None:
     """Keep the launches of a torch tensor's call ready for repeat calls (keyed by the axis as the
     caller wrote it: a repeat call need not normalise it), with out= where the launches write into
     out itself. Launches with scratch get their own, zeroed once and kept zero by the launches, and
