@@ -1,5 +1,6 @@
-"""portable_softmax.distributed: groups of 2 and 3 processes on gloo (CPU), and of 2 on NCCL where
-2 GPUs are present (marked gpu), spawned by the test itself.
+"""portable_softmax.distributed: groups of 2 and 3 processes on gloo (CPU), one of 3 on gloo whose
+local steps are the package's kernels in the SIMT emulation at warp 64 (as a GPU's are), and one of
+2 on NCCL where 2 GPUs are present (marked gpu), spawned by the test itself.
 
 Each group starts its processes once (``python tests/test_distributed.py RANK WORLD STORE OUT SEED
 BACKEND``); every rank runs every case of ``CASES`` and writes each case's outcome to OUT. A case
@@ -280,11 +281,30 @@ def case_dtensor(ctx):
 CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")}
 
 
+EMU_LIBRARY_ENV = "PORTABLE_SOFTMAX_TEST_EMU_LIBRARY"  # the parent's emulation library, for the ranks
+
+
+def _use_emulated_kernels(warp: str) -> None:
+    """This process's CPU tensors take KernelMath with the kernels in the SIMT emulation, as GPU tensors
+    take it with the device's kernels: the collectives between them are gloo's. The library is the
+    one the parent built (no rebuild in the ranks, whatever the sources became since)."""
+    from emulation.runtime import EmulatedRuntime, EmulationLibrary
+
+    from portable_softmax import _sharded
+
+    runtime = EmulatedRuntime(EmulationLibrary(os.environ[EMU_LIBRARY_ENV]), int(warp.removeprefix("emu")))
+    math = _emulated_math(runtime)
+    _sharded.local_math = lambda x: math
+
+
 def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str) -> None:
     device = torch.device("cpu")
     if backend == "nccl":  # a GPU a rank
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
+    if backend.startswith("gloo-"):  # gloo-emu32 / gloo-emu64
+        _use_emulated_kernels(backend.removeprefix("gloo-"))
+        backend = "gloo"
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                             **({"device_id": device} if backend == "nccl" else {}))
@@ -334,6 +354,11 @@ def group_results(tmp_path_factory):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
             [os.path.dirname(os.path.dirname(os.path.abspath(distributed.__file__))),
              os.environ.get("PYTHONPATH", "")]))
+        if "-emu" in backend:  # the ranks load this process's emulation library; a host thread each
+            from emulation import emulated_runtimes
+
+            env.update({EMU_LIBRARY_ENV: str(emulated_runtimes()["emu32"].library.path),
+                        "PORTABLE_SOFTMAX_EMU_THREADS": "1"})
         procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(store), str(outs[r]),
                                    str(seed), backend],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -365,9 +390,24 @@ def _two_gpus() -> str | None:
 _NCCL_SKIP = _two_gpus()
 
 
+def _emulation_skip() -> str | None:
+    from emulation import CompilerUnavailable, emulated_runtimes
+
+    try:
+        emulated_runtimes()
+    except CompilerUnavailable as e:
+        return f"no host C++ compiler for the emulation: {e}"
+    return None
+
+
+_EMU_SKIP = _emulation_skip()
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("world, backend", [
     (2, "gloo"), (3, "gloo"),
+    # the local steps by the kernels (emulated, warp 64): their row sums, pairs, NaN and -inf across ranks
+    pytest.param(3, "gloo-emu64", marks=pytest.mark.skipif(_EMU_SKIP is not None, reason=f"{_EMU_SKIP}")),
     pytest.param(2, "nccl", marks=[pytest.mark.gpu,
                                    pytest.mark.skipif(_NCCL_SKIP is not None, reason=f"{_NCCL_SKIP}")]),
 ])
