@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from . import _probe, api
 from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
 from ._dtypes import storage_name
-from ._runtime import HostRuntime
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
+
+if TYPE_CHECKING:
+    from ._runtime import HostRuntime
 
 ArrayT = TypeVar("ArrayT")
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from typing import TYPE_CHECKING
 
 from . import __version__
-from ._runtime import Runtime
+
+if TYPE_CHECKING:  # the runtimes' module loads the compiled launcher: only when a runtime opens
+    from ._runtime import Runtime
 
 BACKENDS = ("cuda", "hip", "cpu")
 ENV_VAR = "PORTABLE_SOFTMAX_BACKEND"

@@ -9,7 +9,7 @@ import itertools
 import math
 import threading
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -27,10 +27,12 @@ from ._arrays import (
     torch_stream_reader,
 )
 from ._dtypes import dtype_name, storage_name
-from ._runtime import HostRuntime, Runtime
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
 from .reference import compute_on_host
+
+if TYPE_CHECKING:  # the runtimes' module loads the compiled launcher: only when a runtime opens
+    from ._runtime import HostRuntime, Runtime
 
 ArrayT = TypeVar("ArrayT")
 
