@@ -235,7 +235,8 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 // GradSum, waits for the row's other chunks and finishes from its registers: one read, one write.
 // The grid is cut to whole rows of `chunks` resident blocks, which advance in rounds. The scratch
 // (a GradSum per chunk of each row, as two doubles, and a count per row) is zero at the start and left
-// zero: the last block to leave a row clears it.
+// zero: a row's arrivals tell that the previous row's sums are read, so each block clears its own;
+// the last block to leave the last row clears that one.
 template <typename T, int OP, int WARP, int SLOTS, int VEC>
 PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
@@ -267,6 +268,14 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
       published[2 * chunk + 1] = part.top;
       PS_THREAD_FENCE();  // the pair visible before the arrival is counted
       arrive_and_wait(arrivals + row, chunks);
+      // Every block of this row has arrived, so each has read the previous row's sums: this block's
+      // pair of that row, and (chunk 0) its count, go back to zero.
+      if (row >= rows_per_round) {
+        volatile double* previous = sums + 2 * (row - rows_per_round) * chunks;
+        previous[2 * chunk] = 0.0;
+        previous[2 * chunk + 1] = 0.0;
+        if (chunk == 0) arrivals[row - rows_per_round] = 0u;
+      }
     }
     PS_SYNC();
     if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
@@ -278,11 +287,6 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
       if (PS_THREAD_X == 0) {
         row_total[0] = total.sum;
         row_total[1] = total.top;
-        // chunks arrivals, then chunks departures: the last to leave clears the row's scratch
-        if (PS_ATOMIC_ADD(arrivals + row, 1u) == (unsigned)(2 * chunks - 1)) {
-          for (i64 c = 0; c < 2 * chunks; ++c) published[c] = 0.0;
-          arrivals[row] = 0u;
-        }
       }
     }
     PS_SYNC();
@@ -293,6 +297,11 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
       if (k < g.slots) g.store(k, a[s], b[s], f);
+    }
+    // The blocks' last row: chunks departures after its chunks arrivals; the last to leave clears it.
+    if (row + rows_per_round >= rows && PS_THREAD_X == 0 && depart_last(arrivals + row, chunks, chunks)) {
+      for (i64 c = 0; c < 2 * chunks; ++c) published[c] = 0.0;
+      arrivals[row] = 0u;
     }
   }
 }
