@@ -300,8 +300,13 @@ def _device_math(x: Tensor) -> LocalMath:
             _kernel_math[key] = TORCH
         else:
             device = x.device.index
+            # The backward runs on torch's autograd thread for the device, which torch leaves without
+            # a current CUDA driver context where the thread already reports that device (a new
+            # thread reports device 0): cudaSetDevice binds the device's primary context first.
+            bind = rt.cupy.cuda.runtime.setDevice if vendor == "cuda" else (lambda _device: None)
 
             def launch(plan, dtype, buffers):
+                bind(device)
                 rt.launch(plan, dtype, buffers, torch.cuda.current_stream(device).cuda_stream, device)
 
             _kernel_math[key] = KernelMath(rt.profile(device), launch)
