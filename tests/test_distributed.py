@@ -641,11 +641,9 @@ def test_gpu_kernel_math_gradient_matches_torch_math(dtype, rng):
     math, names = _counting(_gpu_math_or_skip())
     for op in OPS:
         for rows, cols, dy_at, y_at in [*_grad_shapes(), (64, 64128, 0, 0)]:
-            dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cpu")
-            dy, y = _offset_rows(dy, dy_at).cuda(), _offset_rows(y, y_at).cuda()
-            if dy_at or y_at:  # .cuda() makes aligned copies: offset them on the device
-                dy, y = _offset_rows(dy, dy_at), _offset_rows(y, y_at)
-            _check_grad_steps(math, names, dy, y, empty.cuda(), op, f"{dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
+            dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cuda")
+            dy, y = _offset_rows(dy, dy_at), _offset_rows(y, y_at)
+            _check_grad_steps(math, names, dy, y, empty, op, f"{dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
         torch.cuda.synchronize()
 
 
