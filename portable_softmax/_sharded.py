@@ -145,8 +145,8 @@ class KernelMath(TorchMath):
     Backward: the gradient's first pass (``ps_bwd_partials_*``) with one chunk a row writes each
     row's (sum, top) as two doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for
     log_softmax the max of y, NaN where y holds NaN. The second (``ps_bwd_finish_*``) is given each
-    row's total as its single chunk's pair. ``top`` tells the finish two things, and crosses the
-    ranks inside the one all_reduce of the sums:
+    row's total as its single chunk's pair. ``top`` tells the finish two things, neither of which
+    needs a collective beside the one all_reduce of the sums:
 
     * NaN: ``grad_dot`` folds a NaN top into the row's sum, which the all_reduce (SUM) then makes
       NaN on every rank, and a NaN sum makes the whole row's dx NaN, as a NaN top would;
