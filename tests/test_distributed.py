@@ -67,6 +67,21 @@ def _reference_grad(full64: torch.Tensor, dy64: torch.Tensor, axis: int, op: str
     return dx
 
 
+def _grad_from_y(y64: torch.Tensor, dy64: torch.Tensor, axis: int, op: str, safe: bool) -> torch.Tensor:
+    """The float64 gradient from the output y and its gradient dy; zero on safe rows of all -inf."""
+    if op == "softmax":
+        return y64 * (dy64 - (dy64 * y64).sum(axis, keepdim=True))
+    dx = dy64 - torch.exp(y64) * dy64.sum(axis, keepdim=True)
+    return dx.masked_fill((y64 == NEG_INF).all(dim=axis, keepdim=True), 0.0) if safe else dx
+
+
+def _gather_slices(t: torch.Tensor, axis: int, group, world: int) -> torch.Tensor:
+    """The ranks' slices of a tensor joined along ``axis``, on every rank (in group rank order)."""
+    parts: list = [None] * world
+    dist.all_gather_object(parts, t.cpu(), group=group)
+    return torch.cat(parts, dim=axis)
+
+
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     """A torch tensor as numpy in its own dtype (bfloat16 through ml_dtypes)."""
     if t.dtype == torch.bfloat16:
@@ -130,7 +145,10 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
         dy_kept = dy.clone()
         y.backward(dy)
         expect(ctx, _same(dy, dy_kept), f"{what}: the backward changed its incoming gradient")
-        ref_dx = _reference_grad(full64, dy_full.to(full.dtype).double(), axis, op, safe)
+        # the gradient from the y the ranks computed (a y near 1 leaves dx ill-conditioned in y, so a
+        # reference from x would hold dx to the forward's rounding as well)
+        y_full = _gather_slices(y.detach(), axis, group, world)
+        ref_dx = _grad_from_y(y_full.double(), dy_full.to(full.dtype).double(), axis, op, safe)
         _check_grad(ctx, local.grad.cpu(), _slice(ref_dx, axis, widths, rank), what)
     expect(ctx, _same(local.detach(), kept), f"{what}: the input was changed")
 
