@@ -224,27 +224,27 @@ class KernelMath(TorchMath):
         """(dtype, rows, cols, vec, slots) of the gradient's two-pass split with one chunk a row: the
         vector width and the slots of a row as planner_backward takes them for these addresses."""
         from ._arrays import element_misalign
-        from .planner_backward import GradRowProblem, _slots, _vec
+        from .planner_backward import GradRowProblem, grad_slots, grad_vector_width
 
         dtype = str(y.dtype).removeprefix("torch.")
         cols = y.shape[-1]
         rows = y.numel() // cols
         misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
         p = GradRowProblem(dtype, op, rows, cols, None, misaligns)
-        vec = _vec(p)
-        return dtype, rows, cols, vec, _slots(p, vec)
+        vec = grad_vector_width(p)
+        return dtype, rows, cols, vec, grad_slots(p, vec)
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
         from . import _variants as V
-        from .planner import I64, PTR, Launch, Plan, _grid
+        from .planner import I64, PTR, Launch, Plan, grid_for
 
         if not self._grad_rows(dy, y, axis):
             return super().grad_dot(dy, y, op, axis)
         dtype, rows, cols, vec, slots = self._plan_grad(op, dy, y, dy.data_ptr())
         sums = torch.empty(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top) a row
-        step = Launch(V.grad_partials_name(dtype, op, self.profile.warp_size, vec), _grid(rows, self.profile),
+        step = Launch(V.grad_partials_name(dtype, op, self.profile.warp_size, vec), grid_for(rows, self.profile),
                       V.GRAD_STREAM_THREADS, 0,
                       ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols), (I64, cols),
                        (I64, slots), (I64, 1)), cut_to_one_wave=False)
@@ -260,7 +260,7 @@ class KernelMath(TorchMath):
         import torch
 
         from . import _variants as V
-        from .planner import I32, I64, PTR, Launch, Plan, _grid
+        from .planner import I32, I64, PTR, Launch, Plan, grid_for
 
         if not self._grad_rows(dy, y, axis):
             return super().grad_finish(dy, y, s, op, axis, empty)
@@ -271,7 +271,7 @@ class KernelMath(TorchMath):
         safe = empty is not None and op == "log_softmax"
         if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
             sums[:, 1].masked_fill_(empty.reshape(-1), float("-inf"))
-        step = Launch(V.grad_finish_name(dtype, op, self.profile.warp_size, vec), _grid(rows, self.profile),
+        step = Launch(V.grad_finish_name(dtype, op, self.profile.warp_size, vec), grid_for(rows, self.profile),
                       V.GRAD_STREAM_THREADS, 0,
                       ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols),
                        (I64, cols), (I64, cols), (I64, slots), (I64, 1), (I32, int(safe))), cut_to_one_wave=False)

@@ -475,7 +475,7 @@ def _check_common(dtype: str, op: str, device: DeviceProfile) -> None:
         raise PlanError(f"warp size {device.warp_size} of {device.name} is not one of {V.WARP_SIZES}")
 
 
-def _grid(work_blocks: int, device: DeviceProfile, blocks_per_sm: int = 32) -> int:
+def grid_for(work_blocks: int, device: DeviceProfile, blocks_per_sm: int = 32) -> int:
     """Enough blocks to fill the device many times; grid-stride loops do the rest."""
     return max(1, min(work_blocks, device.multiprocessors * blocks_per_sm, device.max_grid_x))
 
@@ -1276,7 +1276,7 @@ def _two_pass_split(r: _Rows) -> Draft:
     chunks = max(1, min(chunks, ceil(slots / min_chunk)))
     chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(t, vec, r.itemsize))
     jobs = p.rows * chunks
-    grid = _grid(jobs, device, 4)
+    grid = grid_for(jobs, device, 4)
     xs, ys = p.strides()
     partials = Step(Kernel("split_partials", (p.dtype, r.warp, vec)), grid, threads, 0,
                     (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
@@ -1366,7 +1366,7 @@ def _plan_strided_groups(t: Tuning, p: StridedProblem, device: DeviceProfile) ->
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, inner_tile), (I32, _safe(p)))
-    launch = Step(Kernel("strided", (p.dtype, p.op)), _grid(tiles, device, 8), threads, 0, args)
+    launch = Step(Kernel("strided", (p.dtype, p.op)), grid_for(tiles, device, 8), threads, 0, args)
     return Draft("strided", (launch,), notes={"inner_tile": inner_tile})
 
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 from math import ceil
 
 from . import _variants as V
-from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, _grid
+from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, grid_for
 
 OPS = ("softmax", "log_softmax")
 
@@ -107,7 +107,7 @@ def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, 
     rows_a_block = threads // lanes if lanes <= warp else 1
     name = V.grad_rows_name(p.dtype, p.op, warp, lanes, slots, s.vec)
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), *_row_args(p), (I32, int(p.safe)))
-    launch = Launch(name, _grid(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False)
+    launch = Launch(name, grid_for(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False)
     return Plan(tier, (launch,), notes={"lanes": lanes, "slots": slots, "vec": s.vec}, scratch_zeroed=False)
 
 
@@ -166,7 +166,7 @@ def _split(t, p, device, s):
     chunks = ceil(s.slots / chunk_slots)
     warp = device.warp_size
     dys, ys, dxs = p.row_strides()
-    grid = _grid(p.rows * chunks, device)
+    grid = grid_for(p.rows * chunks, device)
     partials = Launch(V.grad_partials_name(p.dtype, p.op, warp, s.vec), grid, threads, 0,
                       ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, p.rows), (I64, p.cols), (I64, dys), (I64, ys),
                        (I64, chunk_slots), (I64, chunks)), cut_to_one_wave=False)
@@ -194,7 +194,7 @@ ROW_RULES: tuple[Rule, ...] = (
 )
 
 
-def _vec(p: GradRowProblem) -> int:
+def grad_vector_width(p: GradRowProblem) -> int:
     """The widest vector where dy, y and dx share their misalignment on every row, else 1 (short
     rows at varying offsets stay scalar: their partial slots would cost more than vectors save)."""
     widest = V.vector_widths(p.dtype)[1]
@@ -205,7 +205,7 @@ def _vec(p: GradRowProblem) -> int:
     return widest if same_base and same_step and not short_unaligned else 1
 
 
-def _slots(p: GradRowProblem, vec: int) -> int:
+def grad_slots(p: GradRowProblem, vec: int) -> int:
     stride = p.row_strides()[0]
     pad = p.misaligns[0] % vec if p.rows <= 1 or stride % vec == 0 else vec - 1
     return ceil((pad + p.cols) / vec)
@@ -229,8 +229,8 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
         return _plan_strided(problem, device)
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
-    vec = _vec(problem)
-    shape = _Shape(vec, _slots(problem, vec))
+    vec = grad_vector_width(problem)
+    shape = _Shape(vec, grad_slots(problem, vec))
     for rule in ROW_RULES:
         if rule.applies(tuning, problem, device, shape):
             return rule.build(tuning, problem, device, shape)
@@ -247,5 +247,5 @@ def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
             *((I64, s) for s in (*p.dy_strides, *p.y_strides, *p.dx_strides)), (I32, inner_tile), (I32, int(p.safe)))
-    launch = Launch(V.grad_strided_name(p.dtype, p.op), _grid(tiles, device, 8), threads, 0, args)
+    launch = Launch(V.grad_strided_name(p.dtype, p.op), grid_for(tiles, device, 8), threads, 0, args)
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile}, scratch_zeroed=False)
