@@ -220,36 +220,29 @@ class KernelMath(TorchMath):
     def _grad_rows(self, dy: Tensor, y: Tensor, axis: int) -> bool:
         return self._rows(y, axis) and dy.dtype == y.dtype and dy.shape == y.shape and dy.is_contiguous()
 
-    def _plan_grad(self, op: str, dy: Tensor, y: Tensor, dx_ptr: int):
-        """(dtype, rows, cols, vec, slots) of the gradient's two-pass split with one chunk a row: the
-        vector width and the slots of a row as planner_backward takes them for these addresses."""
+    def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx_ptr: int, safe: bool = False):
+        """(dtype, rows, the sums pass, the finish pass) of the gradient's two-pass split with one
+        chunk a row, planned for these addresses."""
         from ._arrays import element_misalign
-        from .planner_backward import GradRowProblem, grad_slots, grad_vector_width
+        from .planner import Plan
+        from .planner_backward import GradRowProblem, plan_split_passes
 
         dtype = str(y.dtype).removeprefix("torch.")
         cols = y.shape[-1]
         rows = y.numel() // cols
         misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
-        p = GradRowProblem(dtype, op, rows, cols, None, misaligns)
-        vec = grad_vector_width(p)
-        return dtype, rows, cols, vec, grad_slots(p, vec)
+        both = plan_split_passes(GradRowProblem(dtype, op, rows, cols, None, misaligns, safe), self.profile)
+        sums_pass, finish_pass = (Plan("split", (step,), scratch_zeroed=False) for step in both.launches)
+        return dtype, rows, sums_pass, finish_pass
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
-        from . import _variants as V
-        from .planner import I64, PTR, Launch, Plan, grid_for
-
         if not self._grad_rows(dy, y, axis):
             return super().grad_dot(dy, y, op, axis)
-        dtype, rows, cols, vec, slots = self._plan_grad(op, dy, y, dy.data_ptr())
+        dtype, rows, sums_pass, _ = self._grad_passes(op, dy, y, dy.data_ptr())
         sums = torch.empty(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top) a row
-        step = Launch(V.grad_partials_name(dtype, op, self.profile.warp_size, vec), grid_for(rows, self.profile),
-                      V.GRAD_STREAM_THREADS, 0,
-                      ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols), (I64, cols),
-                       (I64, slots), (I64, 1)), cut_to_one_wave=False)
-        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
-                    {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
+        self.launch(sums_pass, dtype, {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
         total, top = sums[:, 0], sums[:, 1]
         # a fresh contiguous tensor for the all_reduce; log_softmax's NaN top folded into the sum
         s = torch.where(top.isnan(), top, total) if op == "log_softmax" else total.clone()
@@ -259,23 +252,16 @@ class KernelMath(TorchMath):
                     empty: Tensor | None = None) -> Tensor:
         import torch
 
-        from . import _variants as V
-        from .planner import I32, I64, PTR, Launch, Plan, grid_for
-
         if not self._grad_rows(dy, y, axis):
             return super().grad_finish(dy, y, s, op, axis, empty)
         dx = torch.empty_like(y, memory_format=torch.contiguous_format)
-        dtype, rows, cols, vec, slots = self._plan_grad(op, dy, y, dx.data_ptr())
+        safe = empty is not None and op == "log_softmax"
+        dtype, rows, _, finish_pass = self._grad_passes(op, dy, y, dx.data_ptr(), safe)
         sums = torch.zeros(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top = 0) a row
         sums[:, 0] = s.reshape(-1)
-        safe = empty is not None and op == "log_softmax"
         if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
             sums[:, 1].masked_fill_(empty.reshape(-1), float("-inf"))
-        step = Launch(V.grad_finish_name(dtype, op, self.profile.warp_size, vec), grid_for(rows, self.profile),
-                      V.GRAD_STREAM_THREADS, 0,
-                      ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (I64, rows), (I64, cols), (I64, cols),
-                       (I64, cols), (I64, cols), (I64, slots), (I64, 1), (I32, int(safe))), cut_to_one_wave=False)
-        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
+        self.launch(finish_pass, dtype,
                     {"dy": dy.data_ptr(), "y": y.data_ptr(), "dx": dx.data_ptr(), "sums": sums.data_ptr()})
         if empty is not None and not safe:  # softmax: y = 0 on such rows already; 0 even where dy is not finite
             dx.masked_fill_(empty.unsqueeze(-1), 0.0)
@@ -302,11 +288,13 @@ def _device_math(x: Tensor) -> LocalMath:
             device = x.device.index
             # The backward runs on torch's autograd thread for the device, which torch leaves without
             # a current CUDA driver context where the thread already reports that device (a new
-            # thread reports device 0): cudaSetDevice binds the device's primary context first.
-            bind = rt.cupy.cuda.runtime.setDevice if vendor == "cuda" else (lambda _device: None)
+            # thread reports device 0): cudaSetDevice binds the device's primary context first. On
+            # another device, the runtime's switch to it binds it, and gives the thread's back after.
+            bind = rt.cupy.cuda.runtime.setDevice if vendor == "cuda" else None
 
             def launch(plan, dtype, buffers):
-                bind(device)
+                if bind is not None and rt.current_device() == device:
+                    bind(device)
                 rt.launch(plan, dtype, buffers, torch.cuda.current_stream(device).cuda_stream, device)
 
             _kernel_math[key] = KernelMath(rt.profile(device), launch)

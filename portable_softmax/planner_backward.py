@@ -237,6 +237,16 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
     raise AssertionError("the last rule applies to every problem")
 
 
+def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
+    """The two-pass split with one chunk a row, whatever the rows' length: the first launch writes
+    each row's GradSum to ``sums`` (two doubles a row), the second finishes the row from it, so
+    that a caller may combine the sums between the two (the sharded softmax's all_reduce)."""
+    _check(problem.dtype, problem.op, device)
+    vec = grad_vector_width(problem)
+    one_chunk = GradTuning(split_blocks_per_multiprocessor=0)  # no more chunks wanted than one a row
+    return _split(one_chunk, problem, device, _Shape(vec, grad_slots(problem, vec)))
+
+
 def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
     """A strided axis: a warp's worth of neighbouring inner positions (fewer when inner is small) a
     block, the reduced axis split among its column groups."""
