@@ -100,3 +100,15 @@ def boundary_cols(profile: DeviceProfile, dtype: str, rows: int, limit: int) -> 
             a, b = (mid, b) if kernel(mid) == kernel(lo) else (a, mid)
         found.update((b - 1, b, b + 1))
     return sorted(c for c in found if 1 <= c <= limit)
+
+
+def gradient_reference(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
+    """float64 dx from the same dy and y: softmax y (dy - sum(dy y)), log_softmax dy - exp(y) sum(dy),
+    a log_softmax row of all -inf (safe: constant) zero."""
+    d, w = dy.astype(np.float64), y.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op == "softmax":
+            return w * (d - np.sum(d * w, axis=axis, keepdims=True))
+        dx = d - np.exp(w) * np.sum(d, axis=axis, keepdims=True)
+        dx = np.where(np.isnan(w).any(axis=axis, keepdims=True), np.nan, dx)
+        return np.where(np.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)

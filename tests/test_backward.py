@@ -13,6 +13,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
+from checks import gradient_reference
 from emulation import EmulatedRuntime, EmulationLibrary
 from emulation.build import SRC_CUDA
 from test_emulation import _library_or_skip
@@ -32,18 +33,6 @@ from portable_softmax.planner_backward import (
 WARPS = V.WARP_SIZES
 NUMPY_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
                 "bfloat16": ml_dtypes.bfloat16}
-
-
-def gradient_reference(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.ndarray:
-    """float64 dx from the same dy and y: softmax y (dy - sum(dy y)), log_softmax dy - exp(y) sum(dy),
-    a log_softmax row of all -inf (safe: constant) zero."""
-    d, w = dy.astype(np.float64), y.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if op == "softmax":
-            return w * (d - np.sum(d * w, axis=axis, keepdims=True))
-        dx = d - np.exp(w) * np.sum(d, axis=axis, keepdims=True)
-        dx = np.where(np.isnan(w).any(axis=axis, keepdims=True), np.nan, dx)
-        return np.where(np.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
 
 
 def forward_output(rng, shape, axis: int, op: str, dtype: str, scale: float = 3.0) -> np.ndarray:

@@ -28,6 +28,8 @@ dist = pytest.importorskip("torch.distributed", reason="torch without torch.dist
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch built without gloo", allow_module_level=True)
 
+from checks import gradient_reference  # noqa: E402
+
 from portable_softmax import _tolerance, distributed, reference  # noqa: E402
 
 WORLD_TIMEOUT_S = 120  # a whole group's run; gloo's own timeout (below) ends a stuck collective sooner
@@ -65,14 +67,6 @@ def _reference_grad(full64: torch.Tensor, dy64: torch.Tensor, axis: int, op: str
     if safe:
         dx = dx.masked_fill((full64 == NEG_INF).all(dim=axis, keepdim=True), 0.0)
     return dx
-
-
-def _grad_from_y(y64: torch.Tensor, dy64: torch.Tensor, axis: int, op: str, safe: bool) -> torch.Tensor:
-    """The float64 gradient from the output y and its gradient dy; zero on safe rows of all -inf."""
-    if op == "softmax":
-        return y64 * (dy64 - (dy64 * y64).sum(axis, keepdim=True))
-    dx = dy64 - torch.exp(y64) * dy64.sum(axis, keepdim=True)
-    return dx.masked_fill((y64 == NEG_INF).all(dim=axis, keepdim=True), 0.0) if safe else dx
 
 
 def _gather_slices(t: torch.Tensor, axis: int, group, world: int) -> torch.Tensor:
@@ -148,7 +142,8 @@ def _run(ctx, full: torch.Tensor, axis: int, op: str, *, safe: bool = False, zer
         # the gradient from the y the ranks computed (a y near 1 leaves dx ill-conditioned in y, so a
         # reference from x would hold dx to the forward's rounding as well)
         y_full = _gather_slices(y.detach(), axis, group, world)
-        ref_dx = _grad_from_y(y_full.double(), dy_full.to(full.dtype).double(), axis, op, safe)
+        ref_dx = torch.from_numpy(gradient_reference(dy_full.to(full.dtype).double().numpy(),
+                                                     y_full.double().numpy(), axis, op))
         _check_grad(ctx, local.grad.cpu(), _slice(ref_dx, axis, widths, rank), what)
     expect(ctx, _same(local.detach(), kept), f"{what}: the input was changed")
 
