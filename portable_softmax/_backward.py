@@ -58,6 +58,21 @@ def _where(a: Host | DeviceArray) -> str:
 
 
 def _gradient(dy, y, axis, op: str, out):
+    # plain torch CUDA tensors and cupy arrays of a layout seen before: the launcher kept for it
+    if type(dy) is api._TORCH_TENSOR:
+        dx = _repeat_torch(dy, y, axis, op, out)
+        if dx is not None:
+            return dx
+    elif type(dy) is api._CUPY_NDARRAY:
+        dx = _repeat_cupy(dy, y, axis, op, out)
+        if dx is not None:
+            return dx
+    return _full(dy, y, axis, op, out)
+
+
+def _full(dy, y, axis, op: str, out):
+    """Every check, the layouts and the plan; a torch or cupy call's launcher kept for its repeats."""
+    given_axis = axis
     dy = array_like(dy) if isinstance(dy, ARRAY_LIKE) else dy
     y = array_like(y) if isinstance(y, ARRAY_LIKE) else y
     if type(dy) is not type(y) and not (isinstance(dy, np.ndarray) and isinstance(y, np.ndarray)):
@@ -75,7 +90,7 @@ def _gradient(dy, y, axis, op: str, out):
     axis = normalize_axis(axis, len(src.shape))
     dst = api._check_out(src, out, "dy")
     if src.on_device:
-        return _run_device(src, ys, axis, op, dst, out)
+        return _run_device(src, ys, axis, op, dst, out, given_axis)
     return _run_host(src, ys, axis, op, dst, out)
 
 
@@ -132,8 +147,10 @@ def _problem(dtype: str, op: str, dl, yl, xl, misaligns) -> GradRowProblem | Gra
 
 
 # ---- device arrays ---------------------------------------------------------------------------------
-def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: DeviceArray | None, out):
+def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: DeviceArray | None, out,
+                given_axis=None):
     rt = _probe.runtime(src.vendor)
+    dy, y = src.array, ys.array
     shape = tuple(src.shape)
     if len(shape) == 0 or 0 in shape:
         dx = dst.array if dst is not None else src.empty(shape)
@@ -157,9 +174,105 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
     misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
     problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
     the_plan = plan_backward(problem, rt.profile(src.device_index))
-    api.launch_plan(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream())
+    stream, entry = src.stream(), None
+    # a call the repeat path can take next time (nothing copied): its launcher built, kept and replayed
+    if src.array is dy and ys.array is y and (dst is None or target is dst) and type(y) is type(dy) \
+            and api._preparable(dy, out):
+        contiguous = True if type(dy) is api._CUPY_NDARRAY else dy.is_contiguous()
+        key = _repeat_key(dy, y, axis if given_axis is None else given_axis, op, out)
+        entry = api.launchers.build(key, rt, src, the_plan, stream, GRADIENT_POINTERS, contiguous)
+    if entry is not None:
+        entry[0](src.ptr, ys.ptr, target.ptr, stream)
+    else:
+        api.launch_plan(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, stream)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
         return out
     return src.result(target.array)
+
+
+# ---- repeat calls on torch CUDA tensors and cupy arrays ------------------------------------------
+# As the forward's (api._run_prepared): a call whose (dy, y, out) layouts, axis and op were seen
+# replays the launcher kept for them, launcher(dy_ptr, y_ptr, dx_ptr, stream). A key holds dy's
+# (dtype, shape, strides, alignment), y's (dtype, shape, strides, alignment, device), the axis as
+# the caller wrote it, op and dy's device, then out's five where given: twelve fields, so it never
+# meets a forward key (eight).
+GRADIENT_POINTERS = ("dy", "y", "dx")
+
+
+def _repeat_key(dy, y, axis, op: str, out=None) -> tuple:
+    """The key of a call; _repeat_torch and _repeat_cupy build the same tuple inline."""
+    if type(dy) is api._CUPY_NDARRAY:
+        key = (dy.dtype, dy.shape, dy.strides, dy.data.ptr & 15, y.dtype, y.shape, y.strides, y.data.ptr & 15,
+               y.data.device_id, axis, op, dy.data.device_id)
+        if out is None:
+            return key
+        return key + (out.dtype, out.shape, out.strides, out.data.ptr & 15, out.data.device_id)
+    key = (dy.dtype, dy.shape, dy.stride(), dy.data_ptr() & 15, y.dtype, y.shape, y.stride(), y.data_ptr() & 15,
+           y.get_device(), axis, op, dy.get_device())
+    if out is None:
+        return key
+    return key + (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
+
+
+def _repeat_torch(dy, y, axis, op: str, out):
+    """dx from the launcher kept for this call of plain torch tensors (out, where given), or None
+    (the full path checks, plans and keeps one)."""
+    tensor = api._TORCH_TENSOR
+    if type(y) is not tensor or type(axis) is not int or dy.requires_grad or y.requires_grad or (
+            out is not None and (type(out) is not tensor or out.requires_grad)):
+        return None
+    try:
+        dy_ptr, y_ptr = dy.data_ptr(), y.data_ptr()
+        out_ptr = None if out is None else out.data_ptr()
+    except RuntimeError:  # a functorch wrapper: no storage
+        return None
+    device = dy.get_device()
+    key = (dy.dtype, dy.shape, dy.stride(), dy_ptr & 15, y.dtype, y.shape, y.stride(), y_ptr & 15,
+           y.get_device(), axis, op, device)  # _repeat_key
+    if out is not None:
+        key += (out.dtype, out.shape, out.stride(), out_ptr & 15, out.get_device())
+    entry = api._entries.get(key)
+    if entry is None or not dy_ptr or not y_ptr or out_ptr == 0:
+        return None
+    launcher, contiguous, bound_to, _, _ = entry
+    stream = api._current_stream(device)
+    if bound_to is not None and api.stream_key(stream) != bound_to:
+        return None  # its scratch belongs to another stream's launches
+    if out is not None:
+        launcher(dy_ptr, y_ptr, out_ptr, stream)
+        return out
+    torch = api._TORCH
+    dx = torch.empty_like(dy) if contiguous else torch.empty_like(dy, memory_format=torch.contiguous_format)
+    launcher(dy_ptr, y_ptr, dx.data_ptr(), stream)
+    return dx
+
+
+def _repeat_cupy(dy, y, axis, op: str, out):
+    """_repeat_torch for cupy arrays, where dy lives on the current device (cupy allocates dx there)."""
+    ndarray = api._CUPY_NDARRAY
+    if type(y) is not ndarray or type(axis) is not int or (out is not None and type(out) is not ndarray):
+        return None
+    memory, y_memory = dy.data, y.data
+    dy_ptr, y_ptr, device = memory.ptr, y_memory.ptr, memory.device_id
+    key = (dy.dtype, dy.shape, dy.strides, dy_ptr & 15, y.dtype, y.shape, y.strides, y_ptr & 15,
+           y_memory.device_id, axis, op, device)  # _repeat_key
+    out_ptr = None
+    if out is not None:
+        out_memory = out.data
+        out_ptr = out_memory.ptr
+        key += (out.dtype, out.shape, out.strides, out_ptr & 15, out_memory.device_id)
+    entry = api._entries.get(key)
+    if entry is None or not dy_ptr or not y_ptr or out_ptr == 0 or api._cupy_device() != device:
+        return None
+    launcher, _, bound_to, _, _ = entry
+    stream = api._cupy_current_stream().ptr
+    if bound_to is not None and api.stream_key(stream) != bound_to:
+        return None
+    if out is not None:
+        launcher(dy_ptr, y_ptr, out_ptr, stream)
+        return out
+    dx = api._CUPY.empty(dy.shape, dy.dtype)
+    launcher(dy_ptr, y_ptr, dx.data.ptr, stream)
+    return dx

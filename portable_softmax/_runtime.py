@@ -26,8 +26,11 @@ from . import _launch
 from ._launch import PackedArgs, compiled_launcher, cooperative_launch_status, launcher_kind
 from .planner import PTR, DeviceProfile, Launch, Plan
 
-#: a prepared launcher: launcher(x_ptr, y_ptr, stream) replays a plan's launches
-Launcher = Callable[[int, int, int], None]
+#: a prepared launcher: launcher(x_ptr, y_ptr, stream) replays a plan's launches (a gradient's:
+#: launcher(dy_ptr, y_ptr, dx_ptr, stream))
+Launcher = Callable[..., None]
+#: the per-call pointers of a forward launcher
+XY = ("x", "y")
 
 
 @runtime_checkable
@@ -75,8 +78,10 @@ class Runtime(Protocol):
         """The plan's launches on ``stream`` of ``device`` with the named buffers' addresses."""
         ...
 
-    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None) -> Launcher:
-        """A launcher for repeat calls of the plan; ``buffers`` holds its scratch addresses."""
+    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None,
+                pointers: tuple[str, ...] = XY) -> Launcher:
+        """A launcher for repeat calls of the plan, ``launcher(*pointer_values, stream)`` with the
+        buffers named in ``pointers``; ``buffers`` holds its scratch addresses."""
         ...
 
     def synchronize_stream(self, device: int, stream: int) -> None: ...
@@ -189,17 +194,19 @@ class DriverRuntime:
         """Which launcher prepare() returns: 'compiled (PATH)' or 'python (WHY)'."""
         return launcher_kind(self.launch_entry_point(), self.MISSING_LAUNCH)
 
-    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None) -> Launcher:
-        """A launcher for repeat calls of one plan: launcher(x_ptr, y_ptr, stream). ``buffers`` holds
-        the addresses of the plan's scratch buffers, which every call uses.
+    def prepare(self, plan: Plan, dtype: str, device: int, buffers: Mapping[str, int] | None = None,
+                pointers: tuple[str, ...] = XY) -> Launcher:
+        """A launcher for repeat calls of one plan: ``launcher(*pointer_values, stream)``, the values of
+        the buffers named in ``pointers`` in that order (by default ``launcher(x_ptr, y_ptr, stream)``).
+        ``buffers`` holds the addresses of the plan's scratch buffers, which every call uses.
 
-        It launches from C (``_fastlaunch``) where that module is built, else from Python; either
-        way on ``device``, made current for the call where it is not.
+        It launches from C (``_fastlaunch``) where that module is built and the pointers are x and y,
+        else from Python; either way on ``device``, made current for the call where it is not.
         """
         with self._on(device):
             steps = self._steps(plan, dtype, device)
         entry_point, fast = self.launch_entry_point(), None
-        if entry_point:  # handles become integers only where a real runtime made them
+        if entry_point and pointers == XY:  # handles become integers only where a real runtime made them
             fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in steps], [g for _, g, _ in steps],
                                      buffers, describe=self._describe_error,
                                      cooperative_entry_point=self.cooperative_entry_point())
@@ -216,27 +223,31 @@ class DriverRuntime:
                 return launch(x_ptr, y_ptr, stream)
 
             return launcher
-        return self._python_launcher(steps, device, buffers)
+        return self._python_launcher(steps, device, buffers, pointers)
 
     def _python_launcher(self, steps: list[tuple[Any, int, Launch]], device: int,
-                         buffers: Mapping[str, int] | None) -> Launcher:
-        """The prepared launcher without the compiled module: the packed arguments made once, the x and
-        y pointers written into them per call."""
+                         buffers: Mapping[str, int] | None, pointers: tuple[str, ...] = XY) -> Launcher:
+        """The prepared launcher without the compiled module: the packed arguments made once, the
+        pointers named in ``pointers`` written into them per call."""
         prepared = []
         for fn, grid, step in steps:
-            packed = PackedArgs(step.args, {**(buffers or {}), "x": 0, "y": 0})
-            x_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "x"]
-            y_at = [i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == "y"]
-            prepared.append((fn, grid, step.block, step.shared_mem, packed, x_at, y_at, step.cooperative))
-        launch_one, on, lock = self._launch_one, self._on, threading.Lock()
+            packed = PackedArgs(step.args, {**(buffers or {}), **dict.fromkeys(pointers, 0)})
+            slots = tuple(tuple(i for i, (kind, name) in enumerate(step.args) if kind == PTR and name == pointer)
+                          for pointer in pointers)
+            prepared.append((fn, grid, step.block, step.shared_mem, packed, slots, step.cooperative))
+        launch_one, on, lock, count = self._launch_one, self._on, threading.Lock(), len(pointers) + 1
 
-        def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+        def launcher(*args: int) -> None:
+            if len(args) != count:
+                raise TypeError(f"the launcher takes {count} arguments ({', '.join(pointers)}, stream); "
+                                f"got {len(args)}")
+            stream = args[-1]
             with on(device), lock:  # the packed values are shared by the threads calling this launcher
-                for fn, grid, block, smem, packed, x_at, y_at, cooperative in prepared:
-                    for i in x_at:
-                        packed.values[i].value = x_ptr
-                    for i in y_at:
-                        packed.values[i].value = y_ptr
+                for fn, grid, block, smem, packed, slots, cooperative in prepared:
+                    values = packed.values
+                    for at, pointer in zip(slots, args):
+                        for i in at:
+                            values[i].value = pointer
                     launch_one(fn, grid, block, smem, stream, packed.address, cooperative)
 
         return launcher

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-import itertools
 import math
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +25,8 @@ from ._arrays import (
     torch_stream_reader,
 )
 from ._dtypes import dtype_name, storage_name
+from ._launcher import LauncherCache
+from ._scratch import PER_THREAD_DEFAULT_STREAM, ScratchPool  # noqa: F401 -- the handle, for callers of stream_key
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner import Plan, RowProblem, StridedProblem, plan
 from .reference import compute_on_host
@@ -420,11 +420,20 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, target.ptr)
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
-    _launch(rt, src, the_plan, target.ptr, stream)
+    entry = None
+    # a call the repeat path can take next time: its launcher built, kept and replayed now; where the
+    # output is made whole afterwards (safe log_softmax), or the input or out was copied, one launch
+    if src.array is original and (dst is None or target is dst) and not (op == "log_softmax" and safe) \
+            and _preparable(original, out):
+        contiguous = True if type(original) is _CUPY_NDARRAY else original.is_contiguous()
+        key = _prepared_key(original, axis if given_axis is None else given_axis, op, safe, out)
+        entry = launchers.build(key, rt, src, the_plan, stream, contiguous=contiguous)
+    if entry is not None:
+        entry[0](src.ptr, target.ptr, stream)
+    else:
+        _launch(rt, src, the_plan, target.ptr, stream)
     if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
         src.fill_empty_rows(target.array, axis, -float("inf"))
-    elif src.array is original and (dst is None or target is dst) and _preparable(original, out):
-        _prepare(rt, src, the_plan, axis if given_axis is None else given_axis, op, safe, stream, out)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -447,140 +456,32 @@ def launch_plan(rt: Runtime, src: DeviceArray, the_plan: Plan, buffers: dict[str
         elif src.capturing():  # a fill captured in a graph zeroes nothing until the graph runs
             base, keep = src.scratch(nbytes)
         else:
-            base = _zeroed_scratch(src, nbytes, stream, rt)
+            base = scratch_pool.zeroed(src, nbytes, stream, rt)
         buffers.update((name, base + offset) for name, offset in offsets.items())
     rt.launch(the_plan, src.dtype, buffers, stream, src.device_index)
     del keep  # stream-ordered allocators reuse scratch only after the launches above
 
 
-# ---- scratch zeroed once ------------------------------------------------------------------------
-# Plans whose launches find their scratch zero leave it zero (Plan.scratch_zeroed), so a buffer
-# zeroed once serves every later call on its stream: a call launches its kernel alone, without a
-# fill ahead of it (1-3 us of device time on an H200). One buffer per stream: launches on two
-# streams may run at once, and must not count in each other's scratch.
-_ZEROED_SCRATCH_MIN_BYTES = 64 << 10
-#: (vendor, device, stream_key(stream)) -> (pointer, bytes, keep-alive object)
-_zeroed: dict[tuple, tuple[int, int, Any]] = {}
-#: buffers outgrown by a larger call: launches queued before it may still use them, so they stay
-_outgrown: list[Any] = []
-#: (vendor, device) -> zeroed buffers no launch uses any more (an ended thread's, its stream drained):
-#: the next stream new to the kept scratch takes one instead of a fill
-_idle: dict[tuple[str, int], list[tuple[int, int, Any]]] = {}
-#: the handle of the per-thread default stream (cudaStreamPerThread, hipStreamPerThread): the same
-#: number names a different stream in each host thread (cupy's Stream.ptds, or every default
-#: stream under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
-PER_THREAD_DEFAULT_STREAM = 2
-
-
-class _ThreadStream:
-    """This host thread's per-thread default stream, as the kept scratch tells it apart.
-
-    Its token is never given to another thread: a thread id is, once its thread ends, and a new
-    thread must not count in the scratch that the ended thread's last launches may still use. When
-    the thread ends (its thread-locals are cleared on it, so the handle still names its stream),
-    the stream is drained on each device it launched on and its buffers go to the idle ones.
-    """
-
-    _tokens = itertools.count(1)
-
-    def __init__(self) -> None:
-        self.token = next(self._tokens)
-        #: (vendor, device) -> the runtime adapter that drains this thread's per-thread stream there
-        self.drains: dict[tuple[str, int], Any] = {}
-
-    def __del__(self) -> None:
-        try:
-            _retire_thread_stream(self)
-        except Exception:  # noqa: BLE001 -- interpreter exit: the module or the runtime may be gone
-            pass
-
-
-_this_thread = threading.local()
-
-
-def _thread_stream() -> _ThreadStream:
-    state = getattr(_this_thread, "stream", None)
-    if state is None:
-        state = _this_thread.stream = _ThreadStream()
-    return state
-
-
-def stream_key(stream: int) -> int | tuple[int, int]:
-    """What tells `stream` from every other stream of its device: the handle, and for the per-thread
-    default stream also the host thread (a token of its own), whose launches run concurrently with
-    other threads'."""
-    return (stream, _thread_stream().token) if stream == PER_THREAD_DEFAULT_STREAM else stream
-
-
-def _retire_thread_stream(state: _ThreadStream) -> None:
-    """An ended thread's kept scratch: idle once its per-thread stream has drained; where it cannot
-    be drained (the runtime fails), kept alive, never reused."""
-    key = (PER_THREAD_DEFAULT_STREAM, state.token)
-    for device_key, rt in state.drains.items():
-        try:
-            rt.synchronize_stream(device_key[1], PER_THREAD_DEFAULT_STREAM)
-            drained = True
-        except Exception:  # noqa: BLE001 -- any failure: the buffers may still be in use
-            drained = False
-        kept = _zeroed.pop((*device_key, key), None)
-        if kept is not None and drained:
-            _idle.setdefault(device_key, []).append(kept)
-        elif kept is not None:
-            _outgrown.append(kept[2])
-        # prepared launches bound to the thread's stream: never run again (their keys name it)
-        # k[7]: the input's device (a key with out= goes on past it)
-        for prepared_key in [k for k, v in list(_prepared.items()) if v[2] == key and k[7] == device_key[1]]:
-            prepared = _prepared.pop(prepared_key, None)
-            if prepared is not None and not drained:
-                _outgrown.append(prepared[3])
-
-
-def _zeroed_scratch(src: DeviceArray, nbytes: int, stream: int, rt: Runtime) -> int:
-    """The pointer of the zeroed scratch of `src`'s device and `stream`, at least `nbytes` long.
-    ``rt`` (the runtime adapter) drains a per-thread default stream when its thread ends."""
-    key = (src.vendor, src.device_index, stream_key(stream))
-    held = _zeroed.get(key)
-    if held is None or held[1] < nbytes:
-        if held is not None:
-            _outgrown.append(held[2])
-        elif stream == PER_THREAD_DEFAULT_STREAM:
-            _watch_thread_stream(src, rt)
-        held = _zeroed[key] = _idle_scratch(src, nbytes) or _new_zeroed_scratch(src, nbytes, held)
-    return held[0]
-
-
-def _watch_thread_stream(src: DeviceArray, rt: Runtime) -> None:
-    """Drain this thread's per-thread stream on `src`'s device when the thread ends."""
-    _thread_stream().drains.setdefault((src.vendor, src.device_index), rt)
-
-
-def _idle_scratch(src: DeviceArray, nbytes: int) -> tuple[int, int, Any] | None:
-    idle = _idle.get((src.vendor, src.device_index))
-    for i, entry in enumerate(idle or ()):
-        if entry[1] >= nbytes:
-            return idle.pop(i)
-    return None
-
-
-def _new_zeroed_scratch(src: DeviceArray, nbytes: int, held) -> tuple[int, int, Any]:
-    size = max(nbytes, _ZEROED_SCRATCH_MIN_BYTES, 2 * held[1] if held else 0)
-    pointer, keep = src.scratch(size)  # the fill is queued on the current stream, ahead of the launches
-    return pointer, size, keep
+# ---- scratch and the launchers of repeat calls ----------------------------------------------------
+#: the zeroed scratch of one-off launches, one buffer a stream (_scratch.ScratchPool)
+scratch_pool = ScratchPool()
+#: the launchers of repeat calls with the scratch each owns (_launcher.LauncherCache)
+launchers = LauncherCache(scratch_pool)
+_entries = launchers.entries  # the repeat paths' one dict probe a call
+stream_key = scratch_pool.stream_key
 
 
 # ---- the repeat-call path for torch CUDA tensors and cupy arrays ------------------------------
-# A model calls softmax on tensors of the same shape again and again. After the first call,
-# the launches of a (dtype, shape, strides, alignment, axis, op, safe, device) are kept
-# ready, so a repeat call reads a few attributes, allocates the output and launches. Calls with
-# out= keep theirs under the same key and out's (dtype, shape, strides, alignment, device): the
-# full path's checks of out (60-80 us of an H100 host's time a call) then need not run again.
-# torch's and cupy's keys never meet: their dtypes are objects of different types.
+# A model calls softmax on tensors of the same shape again and again. The first call of a
+# (dtype, shape, strides, alignment, axis, op, safe, device) builds its launcher in `launchers`
+# and replays it; a repeat call reads a few attributes, allocates the output and replays it too.
+# Calls with out= keep theirs under the same key and out's (dtype, shape, strides, alignment,
+# device): the full path's checks of out need not run again. torch's and cupy's keys never meet:
+# their dtypes are objects of different types.
 _TORCH = None
 _TORCH_TENSOR: type | None = None  # torch.Tensor once torch is seen (plain tensors take the prepared path)
 _torch_is_compiling = None  # torch.compiler.is_compiling
 _TORCH_FORWARD_AD = None  # torch.autograd.forward_ad (its _current_level: -1 outside dual levels)
-_prepared: dict = {}
-_PREPARED_LIMIT = 4096
 
 
 def _is_torch_cuda(x) -> bool:
@@ -607,7 +508,8 @@ def _preparable(x, out) -> bool:
 def _prepared_key(x, axis, op, safe, out=None):
     """(dtype, shape, strides, alignment, axis, op, safe, device), and the same five of out where
     given: what a plan depends on, and what the full path checked of out. _run_prepared and
-    _run_prepared_cupy build the same tuple inline (a call costs as much as a field)."""
+    _run_prepared_cupy build the same tuple inline (a call costs as much as a field); a test holds
+    the three to one key."""
     if type(x) is _CUPY_NDARRAY:
         key = (x.dtype, x.shape, x.strides, x.data.ptr & 15, axis, op, safe, x.data.device_id)
         if out is None:
@@ -617,32 +519,6 @@ def _prepared_key(x, axis, op, safe, out=None):
     if out is None:
         return key
     return key + (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
-
-
-def _prepare(rt: Runtime, src: DeviceArray, the_plan: Plan, axis, op, safe, stream: int, out=None) -> None:
-    """Keep the launches of a torch tensor's call ready for repeat calls (keyed by the axis as the
-    caller wrote it: a repeat call need not normalise it), with out= where the launches write into
-    out itself. Launches with scratch get their own, zeroed once and kept zero by the launches, and
-    are kept for the stream they were made on."""
-    x = src.array
-    key = _prepared_key(x, axis, op, safe, out)
-    buffers, keep, bound_to = None, None, None
-    if the_plan.scratch:
-        if key in _prepared or src.capturing():
-            return  # kept for another stream; or a captured fill, which zeroes nothing now
-        nbytes, offsets = the_plan.scratch_layout()
-        base, keep = src.scratch(nbytes, zeroed=the_plan.scratch_zeroed)
-        buffers = {name: base + offset for name, offset in offsets.items()}
-        bound_to = stream_key(stream)
-        if stream == PER_THREAD_DEFAULT_STREAM:
-            _watch_thread_stream(src, rt)
-    launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers)
-    if len(_prepared) >= _PREPARED_LIMIT:
-        _prepared.clear()
-    # A contiguous input's empty_like is the contiguous output the launches were planned for
-    # (cupy's repeat call allocates with cupy.empty, C-contiguous whatever the input).
-    contiguous = True if type(x) is _CUPY_NDARRAY else x.is_contiguous()
-    _prepared[key] = (launcher, contiguous, bound_to, keep)
 
 
 def _run_prepared(x, axis, op, out, safe):
@@ -662,12 +538,12 @@ def _run_prepared(x, axis, op, out, safe):
     key = (x.dtype, x.shape, x.stride(), ptr & 15, axis, op, safe, device)  # _prepared_key
     if out is not None:
         key += (out.dtype, out.shape, out.stride(), out_ptr & 15, out.get_device())
-    entry = _prepared.get(key)
+    entry = _entries.get(key)
     # (CPU tensors' keys miss.) A functionalize wrapper's data pointer reads 0, and a tensor of no
     # elements never has launches kept: a null pointer always takes the full path.
     if entry is None or not ptr or out_ptr == 0:
         return None
-    launcher, contiguous, bound_to, _ = entry
+    launcher, contiguous, bound_to, _, _ = entry
     stream = _current_stream(device)
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
@@ -716,10 +592,10 @@ def _run_prepared_cupy(x, axis, op, out, safe):
         out_memory = out.data
         out_ptr = out_memory.ptr
         key += (out.dtype, out.shape, out.strides, out_ptr & 15, out_memory.device_id)
-    entry = _prepared.get(key)
+    entry = _entries.get(key)
     if entry is None or not ptr or out_ptr == 0 or _cupy_device() != device:
         return None
-    launcher, _, bound_to, _ = entry
+    launcher, _, bound_to, _, _ = entry
     stream = _cupy_current_stream().ptr
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches

@@ -154,19 +154,25 @@ def test_runs_on_the_callers_stream_without_device_sync(rng):
 
 @needs_cuda
 def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
-    """Threads on cupy's per-thread default stream, in waves whose thread ids come back: each
-    thread's launches count in scratch of their own (a shared one would mix their rows' arrivals
-    and hang or mis-normalise), and an ended thread's scratch is reused only once drained."""
+    """Threads on cupy's per-thread default stream, in waves: each thread's launches count in
+    scratch of their own (a shared one would mix their rows' arrivals and hang or mis-normalise),
+    and an ended thread's scratch is reused only once drained: the next wave's one-off launches
+    take the drained buffers, whatever thread ids the system hands out."""
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
     import threading
 
     from portable_softmax import api
 
+    pool = api.scratch_pool
     x_host = random_input(rng, (96, 131072), "float32")
     x = cupy.asarray(x_host)
     cupy.cuda.Stream.null.synchronize()  # x is there before any thread's stream reads it
     assert _plan_of(x).scratch_zeroed, "the plan keeps its scratch zeroed across calls"
-    results, idents, keys, kept_launches = [], [], [], []
+    cupy.cuda.Device(0).synchronize()
+    api.launchers.clear()
+    pool.clear()  # another test's idle buffers would serve the first wave
+    results, keys, kept_launches, pooled = [], [], [], []
+    together = threading.Barrier(4, timeout=120)
 
     def work():
         key = api.stream_key(api.PER_THREAD_DEFAULT_STREAM)
@@ -174,30 +180,39 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
         with cupy.cuda.Stream.ptds:
             assert api.classify(x).stream() == api.PER_THREAD_DEFAULT_STREAM
             for _ in range(3):
-                y = ps.softmax(x)
-            kept_launches.append(any(v[2] == key for v in list(api._prepared.values())))
-            results.append(cupy.asnumpy(y))  # copies on this thread's stream, then waits for it
-        idents.append(threading.get_ident())
+                y = ps.softmax(x)  # the first call builds this thread's launcher, the next replay it
+            out = cupy.empty_like(x)
+            ps.log_softmax(x, out=out, safe=True)  # never kept: a one-off launch on the pool's scratch
+            kept_launches.append(bool(api.launchers.bound_to(key)))
+            pooled.append(pool.held("cuda", 0)[key][0])
+            together.wait()  # the wave's threads hold their buffers at once
+            results.append((cupy.asnumpy(y), cupy.asnumpy(out)))  # copies on this thread's stream, then waits
 
+    waves = []
     for _ in range(3):
         wave = [threading.Thread(target=work) for _ in range(4)]
         for t in wave:
             t.start()
         for t in wave:
             t.join()
-    assert len(results) == 12
-    for y in results:
+        waves.append(list(pooled))
+        pooled.clear()
+    assert len(results) == 12 and len(set(keys)) == 12, "a token a thread, never given twice"
+    for y, out in results:
         assert_matches(y, x_host)
-    assert len(set(idents)) < len(idents), "no thread id came back: the reuse case went untested"
-    idle = api._idle.get(("cuda", 0), [])
-    assert idle, "the ended threads' drained scratch is kept for reuse"
+        assert_matches(out, x_host, op="log_softmax")
+    # the threads of a wave ran at once: a buffer each; later waves take the drained ones, no new fill
+    assert len(set(waves[0])) == 4, waves
+    assert set(waves[1]) <= set(waves[0]) and set(waves[2]) <= set(waves[0]), waves
+    idle = pool.idle("cuda", 0)
+    assert len(idle) == 4 and {p for p, _, _ in idle} == set(waves[0]), "the ended threads' scratch is kept"
     for _, _, keep in idle:
         assert int(cupy.count_nonzero(keep)) == 0, "an idle buffer is left zero for its next stream"
-    assert not [k for k in api._zeroed if k[2] in keys], "no ended thread keeps a buffer"
-    # a thread's repeat calls replay launches kept with scratch of their own, bound to its stream:
-    # dropped once the thread has ended, as they could never run again
-    assert any(kept_launches), "no thread kept launches for its stream: the drop went untested"
-    assert not [k for k, v in api._prepared.items() if v[2] in keys], "no ended thread keeps launches"
+    assert not [k for k in pool.held_streams() if k in keys], "no ended thread keeps a buffer"
+    # a thread's repeat calls replay a launcher with scratch of its own, bound to its stream:
+    # dropped once the thread has ended, as it could never run again
+    assert all(kept_launches), "a thread kept no launcher for its stream: the drop went untested"
+    assert not [k for k in keys if api.launchers.bound_to(k)], "no ended thread keeps launchers"
 
 
 @needs_cuda
@@ -367,7 +382,7 @@ def test_repeat_calls_reuse_the_plan_and_stay_correct(rng):
                 assert_matches(_to_numpy(ps.softmax(t)), _to_numpy(t.contiguous()), what="repeat")
                 assert_matches(_to_numpy(ps.log_softmax(t, axis=0)), _to_numpy(t.contiguous()), axis=0,
                                op="log_softmax", what="repeat")
-    assert api._prepared, "repeat calls of torch CUDA tensors are prepared"
+    assert len(api.launchers), "repeat calls of torch CUDA tensors are prepared"
 
 
 @needs_cuda
@@ -400,7 +415,7 @@ def test_repeat_call_with_out_takes_the_prepared_launcher_where_out_is_laid_out_
     strided = torch.full((8, 1024), float("nan"), device="cuda")[:, :1000]
     assert ps.log_softmax(x, out=strided) is strided  # rows 1024 apart: the full path, then kept apart
     assert_matches(_to_numpy(strided), _to_numpy(x), op="log_softmax", what="strided out")
-    assert any(len(key) > 8 and key[10] == (1024, 1) for key in api._prepared), "strided out= kept apart"
+    assert any(len(key) > 8 and key[10] == (1024, 1) for key in api.launchers.entries), "strided out= kept apart"
     same = x.clone()
     ps.softmax(same, out=same)  # in place: prepared on the first call, replayed on the second
     monkeypatch.setattr(api, "classify", lambda *_, **__: pytest.fail("an in-place repeat call took the full path"))
@@ -456,18 +471,18 @@ def test_cupy_repeat_calls_take_the_prepared_launches_and_stay_correct(rng, monk
                                                       ("float32", (1, 1 << 22), -1, "split")])
 def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, axis, tier):
     """Launches that count arrivals and publish (m, d) pairs in scratch find it zero and leave it
-    zero, so that a call launches no fill ahead of its kernel: repeat calls with fresh data through
-    the full path (a scratch a stream: out= calls on a stream other than the one their launches
-    were kept for), through the prepared launches (torch tensors, with and without out=: a scratch
-    of their own) and on a second stream all match the float64 reference, the prepared launches
-    are taken, and every such scratch is all zero after them. The two-pass split writes its
-    scratch before reading it: it needs no fill and takes none."""
+    zero, so that a call launches no fill ahead of its kernel: the first calls build launchers with
+    a scratch of their own (torch tensors, with and without out=) that repeat calls with fresh data
+    replay; on a second stream the same calls launch once each on the pool's scratch of that stream
+    (the launchers' scratch belongs to the first). Every result matches the float64 reference, the
+    launchers are taken, and every such scratch is all zero after them. The two-pass split writes
+    its scratch before reading it: it needs no fill and takes none."""
     from portable_softmax import api
 
     torch = _torch_cuda()
-    api._prepared.clear()
-    api._zeroed.clear()
-    monkeypatch.setattr(api, "_idle", {})  # an ended thread's buffers (another test's) would serve a call here
+    torch.cuda.synchronize()
+    api.launchers.clear()
+    api.scratch_pool.clear()  # an ended thread's buffers (another test's) would serve a call here
     base = torch.from_numpy(random_input(rng, shape, "float32")).to("cuda", getattr(torch, dtype))
     the_plan = _plan_of(base, axis)
     assert the_plan.tier == tier and the_plan.scratch and the_plan.scratch_zeroed == (tier != "split"), the_plan
@@ -480,20 +495,21 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
                     x = base * float(rng.uniform(0.5, 2.0))
                     out = torch.full_like(x, float("nan"))
                     ps.log_softmax(x, axis=axis, out=out)
-                    got = ps.softmax(x, axis=axis)  # the prepared launcher from the second call on
+                    got = ps.softmax(x, axis=axis)  # the launcher built by the first call
                     stream.synchronize()
                     what = f"{tier} call {call} on stream {stream.cuda_stream}"
                     assert_matches(_to_numpy(out), _to_numpy(x), axis=axis, op="log_softmax", what=what)
                     assert_matches(_to_numpy(got), _to_numpy(x), axis=axis, what=what)
         # kept for the first stream: softmax without out=, log_softmax with it (its key goes on)
-        prepared = sorted(((len(key), entry) for key, entry in api._prepared.items() if key[1] == x.shape),
+        prepared = sorted(((len(key), entry) for key, entry in api.launchers.entries.items() if key[1] == x.shape),
                           key=lambda item: item[0])
         here = torch.cuda.current_stream().cuda_stream
         assert [n for n, _ in prepared] == [8, 13] and all(e[2] == here for _, e in prepared), prepared
-        # pooled: one a stream, for the out= calls of the stream their launches were not kept for
-        # (and the first out= call on the first stream)
-        scratches = [keep for _, _, keep in api._zeroed.values()] + [e[3] for _, e in prepared]
-        assert len(scratches) == (4 if the_plan.scratch_zeroed else 2), scratches  # the split: none pooled
+        # pooled: one for the other stream, whose calls the launchers do not replay
+        pooled = api.scratch_pool.held("cuda", base.get_device())
+        assert set(pooled) == ({other.cuda_stream} if the_plan.scratch_zeroed else set()), pooled  # split: none
+        scratches = [keep for _, _, keep in pooled.values()] + [e[3] for _, e in prepared]
+        assert len(scratches) == (3 if the_plan.scratch_zeroed else 2), scratches
         if the_plan.scratch_zeroed:
             for keep in scratches:
                 assert int(torch.count_nonzero(keep)) == 0, f"{tier}: scratch left not zero"
@@ -504,8 +520,9 @@ def test_scratch_is_zeroed_once_and_left_zero(rng, monkeypatch, dtype, shape, ax
         ps.log_softmax(x, axis=axis, out=out)
         assert_matches(_to_numpy(out), _to_numpy(x), axis=axis, op="log_softmax", what=f"{tier} prepared out=")
     finally:
-        api._prepared.clear()
-        api._zeroed.clear()
+        torch.cuda.synchronize()
+        api.launchers.clear()
+        api.scratch_pool.clear()
 
 
 @needs_cuda
@@ -541,7 +558,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
     tune_defaults(monkeypatch, row_registers=tier == "block_registers")
     tune_defaults(monkeypatch, block_alone_min_waves=0)  # blocks alone at any number of rows
     planner.plan.cache_clear()
-    api._prepared.clear()
+    api.launchers.clear()
     rows = 600 if held else 400  # three rounds of the grid: the held chunks are larger, so more blocks a round
     host = random_input(rng, (rows, cols + 4), "float32")
     host[0, cols // 2] = np.nan  # the row is NaN
@@ -568,7 +585,7 @@ def test_many_long_rows_take_several_rounds_of_the_on_chip_split(rng, monkeypatc
             _check_each_op(v, name)
     finally:
         planner.plan.cache_clear()
-        api._prepared.clear()
+        api.launchers.clear()
 
 
 @needs_cuda
@@ -586,7 +603,7 @@ def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
     if not held:
         tune_defaults(monkeypatch, split_registers={})
     planner.plan.cache_clear()
-    api._prepared.clear()
+    api.launchers.clear()
     cols, committed = 50257, planner.DEFAULT_TUNING.split_even_rounds_most
     try:
         # the rows a round of the grid takes without the rule
@@ -610,7 +627,7 @@ def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
         _check_each_op(v, f"{rows}x{cols}")
     finally:
         planner.plan.cache_clear()
-        api._prepared.clear()
+        api.launchers.clear()
 
 
 @needs_cuda
@@ -636,7 +653,7 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
         pytest.skip(f"{rt.profile(0).arch} has no asynchronous copies: no staged groups")
     tune_defaults(monkeypatch, **SMALL_INPUT_OFF)
     tune_defaults(monkeypatch, exact_group_min_lanes=1 << 30)
-    api._prepared.clear()
+    api.launchers.clear()
     host = random_input(rng, (3001, cols), "float32")
     host[0, cols // 2] = np.nan
     host[1, cols // 3] = np.inf
@@ -649,7 +666,7 @@ def test_staged_tiers_as_large_inputs_plan_them(rng, monkeypatch, dtype, cols, t
         _check_each_op(x, f"{dtype} x{cols} {tier}")
     finally:
         planner.plan.cache_clear()
-        api._prepared.clear()
+        api.launchers.clear()
 
 
 @needs_cuda
@@ -679,16 +696,17 @@ def cooperative(request, monkeypatch):
     from portable_softmax import _launch, api
 
     monkeypatch.setattr(_launch, "COOPERATIVE_LAUNCHES", request.param)
-    api._prepared.clear()
+    api.launchers.clear()
     yield request.param
-    api._prepared.clear()
+    api.launchers.clear()
 
 
 @needs_cuda
 def test_launches_whose_blocks_wait_on_each_other_take_the_entry_point_asked_for(rng, cooperative):
     """The on-chip tiers' launches go through cuLaunchKernel by default and through
     cuLaunchCooperativeKernel when asked for, from Python and from the compiled launcher alike,
-    and are right either way (out= takes the Python path, a repeat call the prepared one)."""
+    and are right either way (a safe log_softmax launches once from Python, the first softmax
+    builds the prepared launcher and every softmax replays it)."""
     torch = _torch_cuda()
     info = ps.backend_info()
     assert info["cooperative_launch"].startswith("cooperative (" if cooperative else "plain ("), info
@@ -698,8 +716,8 @@ def test_launches_whose_blocks_wait_on_each_other_take_the_entry_point_asked_for
     x = torch.from_numpy(random_input(rng, (64, 131072), "float32")).cuda()
     assert any(s.cooperative for s in _plan_of(x).launches)
     out = torch.full_like(x, float("nan"))
-    ps.softmax(x, out=out)
-    assert_matches(_to_numpy(out), _to_numpy(x), what="Python launch")
+    ps.log_softmax(x, out=out, safe=True)  # never kept: its rows of all -inf are filled afterwards
+    assert_matches(_to_numpy(out), _to_numpy(x), op="log_softmax", what="Python launch")
     for call in range(2):  # the second call replays the prepared launcher
         assert_matches(_to_numpy(ps.softmax(x)), _to_numpy(x), what=f"call {call}")
 

@@ -168,3 +168,51 @@ def test_torch_autograd_runs_the_gradient_kernels(monkeypatch, rng, op, dtype):
             (ref(xr, 1) * w).sum().backward()
             torch.testing.assert_close(xa.grad, xr.grad, atol=1e-5, rtol=1e-4)
     assert calls == [op] * 3
+
+
+@needs_cuda
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+@pytest.mark.parametrize("op", FNS)
+@pytest.mark.parametrize("shape", [(512, 1000), (8, 131072), (1, 2_000_000)])
+def test_repeat_gradient_calls_replay_the_launcher_of_the_first(monkeypatch, rng, library, op, shape):
+    """The first gradient call of a layout builds its launcher (dy, y, dx pointers); later calls with
+    fresh data, with and without out=, replay it without classifying or planning, and match float64.
+    On another stream, a launcher with scratch (bound to its first stream) is not replayed: the full
+    path launches once there, and is right too."""
+    from portable_softmax import _backward, api
+
+    xp = _torch_cuda() if library == "torch" else pytest.importorskip("cupy")
+    to_device = _to_torch if library == "torch" else xp.asarray
+    to_host = _to_numpy if library == "torch" else xp.asnumpy
+    api.launchers.clear()
+    y = forward_output(rng, shape, 1, op, "float32")
+    y_d = to_device(y)
+    FNS[op](to_device(rng.standard_normal(shape).astype(np.float32)), y_d, 1)  # builds
+    FNS[op](to_device(rng.standard_normal(shape).astype(np.float32)), y_d, 1, out=xp.empty_like(y_d))  # builds
+    key = _backward._repeat_key(y_d, y_d, 1, op)
+    assert key in api.launchers, "the first call kept its launcher"
+    has_scratch = api.launchers.get(key)[2] is not None
+    classify, full_path = _backward.classify, []
+    monkeypatch.setattr(_backward, "classify", lambda a, **kw: full_path.append(a) or classify(a, **kw))
+    for call in range(2):
+        dy = rng.standard_normal(shape).astype(np.float32)
+        got = FNS[op](to_device(dy), y_d, 1)
+        out = xp.full_like(y_d, float("nan"))
+        assert FNS[op](to_device(dy), y_d, 1, out=out) is out
+        assert type(got) is type(y_d)
+        assert_gradient(to_host(got), dy, y, 1, op, f"{library} repeat {call} {shape}")
+        assert_gradient(to_host(out), dy, y, 1, op, f"{library} out= repeat {call} {shape}")
+    assert not full_path, "a repeat gradient call took the full path"
+    other = xp.cuda.Stream() if library == "torch" else xp.cuda.Stream(non_blocking=True)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dy_d = to_device(dy)
+    if library == "torch":  # dy is there before `other` reads it
+        xp.cuda.synchronize()
+    else:
+        xp.cuda.Device().synchronize()
+    with (xp.cuda.stream(other) if library == "torch" else other):
+        got = FNS[op](dy_d, y_d, 1)
+        other.synchronize()
+    assert bool(full_path) == has_scratch, "launchers with scratch replay only on their stream"
+    assert_gradient(to_host(got), dy, y, 1, op, f"{library} another stream {shape}")
+    api.launchers.clear()

@@ -1,8 +1,9 @@
-"""The zeroed scratch kept per stream (api._zeroed_scratch), without a GPU: which calls share a
-buffer. Launches that share one count arrivals in each other's scratch, so two streams that can
-run at once must never share; calls on one stream must, or every call pays a fill again. A host
-thread's per-thread default stream is a stream of its own, also after the thread id is reused.
-And the repeat-call path's keys: which calls replay launches kept for an earlier one."""
+"""The zeroed scratch kept per stream (_scratch.ScratchPool) and the launchers kept for repeat calls
+(_launcher.LauncherCache), without a GPU: which calls share a buffer. Launches that share one count
+arrivals in each other's scratch, so two streams that can run at once must never share; calls on one
+stream must, or every call pays a fill again. A host thread's per-thread default stream is a stream
+of its own, also after the thread id is reused. And the repeat-call path's keys: which calls replay
+launches kept for an earlier one."""
 
 from __future__ import annotations
 
@@ -12,41 +13,66 @@ import numpy as np
 import pytest
 
 from portable_softmax import api
+from portable_softmax._launcher import LauncherCache
+from portable_softmax._scratch import PER_THREAD_DEFAULT_STREAM, ScratchPool
 
 
 class FakeDevice:
-    """The part of a DeviceArray that _zeroed_scratch uses; each scratch() a new zeroed buffer."""
+    """The part of a DeviceArray that the pool and the cache use; each scratch() a new buffer."""
 
-    vendor, device_index = "cuda", 0
+    vendor, device_index, dtype = "cuda", 0, "float32"
 
-    def __init__(self):
+    def __init__(self, capturing=False):
         self.fills: list[int] = []
+        self.is_capturing = capturing
 
     def scratch(self, nbytes, zeroed=True):
-        assert zeroed, "the kept scratch must start zeroed"
-        self.fills.append(nbytes)
+        if zeroed:
+            self.fills.append(nbytes)
         buffer = bytearray(nbytes)
         return id(buffer), buffer
 
+    def capturing(self):
+        return self.is_capturing
+
 
 class FakeRuntime:
-    """The runtime adapter's synchronize_stream: records which host thread drained which stream."""
+    """The runtime adapter's synchronize_stream (records which host thread drained which stream) and
+    prepare (a launcher that records its calls)."""
 
     def __init__(self, fails=False):
         self.drained: list[tuple[int, int, int]] = []
         self.fails = fails
+        self.prepared: list[tuple] = []
+        self.launched: list[tuple] = []
 
     def synchronize_stream(self, device, stream):
         if self.fails:
             raise RuntimeError("the runtime is gone")
         self.drained.append((device, stream, threading.get_native_id()))
 
+    def prepare(self, plan, dtype, device, buffers=None, pointers=("x", "y")):
+        self.prepared.append((plan, dtype, device, dict(buffers or {}), pointers))
+        return lambda *args: self.launched.append(args)
+
+
+class FakePlan:
+    """A plan's scratch: its bytes, buffer offsets and whether its launches leave it zero."""
+
+    def __init__(self, scratch=0, zeroed=True):
+        self.scratch, self.scratch_zeroed = scratch, zeroed
+
+    def scratch_layout(self):
+        return self.scratch, {"sums": 0, "counts": self.scratch // 2}
+
 
 @pytest.fixture
-def kept(monkeypatch):
-    monkeypatch.setattr(api, "_zeroed", {})
-    monkeypatch.setattr(api, "_outgrown", [])
-    monkeypatch.setattr(api, "_idle", {})
+def pool():
+    return ScratchPool()
+
+
+@pytest.fixture
+def kept():
     return FakeDevice()
 
 
@@ -62,126 +88,176 @@ def _in_new_thread(call):
     return result[0]
 
 
-def _pointer_in_new_thread(device, nbytes, stream, rt=RT):
-    return _in_new_thread(lambda: api._zeroed_scratch(device, nbytes, stream, rt))[0]
+def _pointer_in_new_thread(pool, device, nbytes, stream, rt=RT):
+    return _in_new_thread(lambda: pool.zeroed(device, nbytes, stream, rt))[0]
 
 
-def test_calls_on_one_stream_share_one_fill(kept):
+def test_calls_on_one_stream_share_one_fill(pool, kept):
     ordinary = 0x5A5A00
-    first = api._zeroed_scratch(kept, 4096, ordinary, RT)
-    assert api._zeroed_scratch(kept, 1024, ordinary, RT) == first
+    first = pool.zeroed(kept, 4096, ordinary, RT)
+    assert pool.zeroed(kept, 1024, ordinary, RT) == first
     # An ordinary handle names one stream in every host thread: its launches are ordered.
-    assert _pointer_in_new_thread(kept, 4096, ordinary) == first
-    assert len(kept.fills) == 1
+    assert _pointer_in_new_thread(pool, kept, 4096, ordinary) == first
+    assert len(kept.fills) == 1 and kept.fills[0] >= ScratchPool.MIN_BYTES
+    assert pool.held_streams() == [ordinary]
 
 
-def test_two_streams_never_share(kept):
-    assert api._zeroed_scratch(kept, 4096, 0x100, RT) != api._zeroed_scratch(kept, 4096, 0x200, RT)
+def test_two_streams_never_share(pool, kept):
+    assert pool.zeroed(kept, 4096, 0x100, RT) != pool.zeroed(kept, 4096, 0x200, RT)
     assert len(kept.fills) == 2
+    assert sorted(pool.held("cuda", 0)) == [0x100, 0x200] and pool.held("cuda", 1) == {}
 
 
-def test_the_per_thread_default_stream_is_a_stream_a_thread(kept):
+def test_the_per_thread_default_stream_is_a_stream_a_thread(pool, kept):
     """cudaStreamPerThread / hipStreamPerThread: one handle, a different stream in each thread,
     whose launches may run at the same time as this thread's."""
-    per_thread = api.PER_THREAD_DEFAULT_STREAM
-    here = api._zeroed_scratch(kept, 4096, per_thread, RT)
-    there = _pointer_in_new_thread(kept, 4096, per_thread)
+    here = pool.zeroed(kept, 4096, PER_THREAD_DEFAULT_STREAM, RT)
+    there = _pointer_in_new_thread(pool, kept, 4096, PER_THREAD_DEFAULT_STREAM)
     assert here != there
-    assert api._zeroed_scratch(kept, 4096, per_thread, RT) == here  # this thread's again: no new fill
+    assert pool.zeroed(kept, 4096, PER_THREAD_DEFAULT_STREAM, RT) == here  # this thread's again: no new fill
     assert len(kept.fills) == 2
-    assert api.stream_key(per_thread) != per_thread and api.stream_key(0x100) == 0x100
+    assert pool.stream_key(PER_THREAD_DEFAULT_STREAM) != PER_THREAD_DEFAULT_STREAM
+    assert pool.stream_key(0x100) == 0x100
 
 
-def test_a_larger_call_grows_the_buffer_and_keeps_the_outgrown_one(kept):
-    small = api._zeroed_scratch(kept, 4096, 0x100, RT)
-    large = api._zeroed_scratch(kept, 1 << 20, 0x100, RT)
+def test_a_larger_call_grows_the_buffer_and_keeps_the_outgrown_one(pool, kept):
+    small = pool.zeroed(kept, 4096, 0x100, RT)
+    large = pool.zeroed(kept, 1 << 20, 0x100, RT)
     assert large != small and kept.fills[-1] >= 1 << 20
     # launches queued before the larger call may still use the smaller buffer: it stays alive
-    assert len(api._outgrown) == 1
-    assert api._zeroed_scratch(kept, 4096, 0x100, RT) == large
+    assert pool.kept_alive() == 1
+    assert pool.zeroed(kept, 4096, 0x100, RT) == large
 
 
-def test_a_thread_id_used_again_is_another_stream():
+def test_every_thread_gets_a_token_of_its_own():
     """Thread ids come back once their thread ends, while the ended thread's last launches may still
-    run on its per-thread stream: the key is a token a thread, never given twice."""
-    per_thread = api.PER_THREAD_DEFAULT_STREAM
-    seen = [_in_new_thread(lambda: (threading.get_ident(), api.stream_key(per_thread)))[0] for _ in range(20)]
-    idents, keys = zip(*seen)
+    run on its per-thread stream: the key is a token a thread, never given twice, whatever the ids."""
+    pool = ScratchPool()
+    keys = [_in_new_thread(lambda: pool.stream_key(PER_THREAD_DEFAULT_STREAM))[0] for _ in range(20)]
     assert len(set(keys)) == len(keys)
-    assert len(set(idents)) < len(idents), "no thread id came back in 20 threads: the case is untested"
-    assert api.stream_key(per_thread) == api.stream_key(per_thread)  # stable within a thread
+    assert pool.stream_key(PER_THREAD_DEFAULT_STREAM) == pool.stream_key(PER_THREAD_DEFAULT_STREAM)  # stable
+    # a thread that gets the id of an ended one still gets a new token: the key is not the id
+    ident = threading.get_ident()
+    assert all(key[1] != ident for key in keys)
 
 
-def test_an_ended_threads_scratch_is_reused_once_its_stream_has_drained(kept):
-    per_thread = api.PER_THREAD_DEFAULT_STREAM
+def test_an_ended_threads_scratch_is_reused_once_its_stream_has_drained(pool, kept):
     rt = FakeRuntime()
-    first, first_thread = _in_new_thread(lambda: api._zeroed_scratch(kept, 4096, per_thread, rt))
+    first, first_thread = _in_new_thread(lambda: pool.zeroed(kept, 4096, PER_THREAD_DEFAULT_STREAM, rt))
     # drained by the ended thread itself (its handle names its own stream), on its device
-    assert rt.drained == [(0, per_thread, first_thread)]
-    assert not any(key[2] != per_thread and key[2][0] == per_thread for key in api._zeroed)
+    assert rt.drained == [(0, PER_THREAD_DEFAULT_STREAM, first_thread)]
+    assert pool.held_streams() == [] and [b[0] for b in pool.idle("cuda", 0)] == [first]
     # the next thread takes the drained buffer, still zero (launches leave it so): no fill
-    assert _pointer_in_new_thread(kept, 2048, per_thread, rt) == first
-    assert len(kept.fills) == 1
+    assert _pointer_in_new_thread(pool, kept, 2048, PER_THREAD_DEFAULT_STREAM, rt) == first
+    assert len(kept.fills) == 1 and pool.idle("cuda", 0) != []  # it ended too: idle again
     # larger than any idle buffer: a fill of its own
-    assert _pointer_in_new_thread(kept, 1 << 20, per_thread, rt) != first
+    assert _pointer_in_new_thread(pool, kept, 1 << 20, PER_THREAD_DEFAULT_STREAM, rt) != first
     assert len(kept.fills) == 2
 
 
-def test_an_ended_threads_scratch_that_cannot_be_drained_is_never_reused(kept):
-    per_thread = api.PER_THREAD_DEFAULT_STREAM
+def test_a_drained_buffer_goes_to_the_next_new_stream_of_its_device(pool, kept):
+    """An ended thread's buffer serves any stream new to the pool (not only another thread's
+    per-thread one), and only on its own device."""
+    first = _pointer_in_new_thread(pool, kept, 4096, PER_THREAD_DEFAULT_STREAM)
+    other_device = FakeDevice()
+    other_device.device_index = 1
+    assert pool.zeroed(other_device, 4096, 0x300, RT) != first and len(other_device.fills) == 1
+    assert pool.zeroed(kept, 4096, 0x300, RT) == first and len(kept.fills) == 1
+    assert pool.idle("cuda", 0) == []
+
+
+def test_an_ended_threads_scratch_that_cannot_be_drained_is_never_reused(pool, kept):
     failing = FakeRuntime(fails=True)
-    first = _pointer_in_new_thread(kept, 4096, per_thread, failing)
-    assert len(api._outgrown) == 1 and not api._idle.get(("cuda", 0))  # kept alive for its launches
-    assert _pointer_in_new_thread(kept, 4096, per_thread, failing) != first
+    first = _pointer_in_new_thread(pool, kept, 4096, PER_THREAD_DEFAULT_STREAM, failing)
+    assert pool.kept_alive() == 1 and not pool.idle("cuda", 0)  # kept alive for its launches
+    assert _pointer_in_new_thread(pool, kept, 4096, PER_THREAD_DEFAULT_STREAM, failing) != first
     assert len(kept.fills) == 2
 
 
-def test_ordinary_streams_are_not_drained_at_thread_end(kept):
+def test_ordinary_streams_are_not_drained_at_thread_end(pool, kept):
     rt = FakeRuntime()
-    _pointer_in_new_thread(kept, 4096, 0x100, rt)
-    assert rt.drained == [] and ("cuda", 0, 0x100) in api._zeroed
+    _pointer_in_new_thread(pool, kept, 4096, 0x100, rt)
+    assert rt.drained == [] and 0x100 in pool.held("cuda", 0)
 
 
-def test_prepared_launches_bound_to_an_ended_threads_stream_are_dropped_once_drained(kept, monkeypatch):
-    """The repeat-call path keeps launches with scratch for the stream they were made on; an ended
-    thread's key is never seen again, so they go (their scratch freed after the drain)."""
-    per_thread = api.PER_THREAD_DEFAULT_STREAM
-    monkeypatch.setattr(api, "_prepared", {})
-    rt = FakeRuntime()
-    other = ("float32", (4, 4), (4, 1), 0, -1, "softmax", False, 0)
-    api._prepared[other] = ("launcher", True, 0x100, bytearray(8))
+# ---- the launcher cache -----------------------------------------------------------------------------
+def test_an_entry_without_scratch_is_built_once_and_replays_on_any_stream(pool, kept):
+    cache, rt = LauncherCache(pool), FakeRuntime()
+    entry = cache.build("key", rt, kept, FakePlan(), 0x100)
+    launcher, contiguous, bound_to, keep, device = entry
+    assert cache.get("key") is entry and "key" in cache and len(cache) == 1
+    assert (contiguous, bound_to, keep, device) == (True, None, None, ("cuda", 0))
+    assert rt.prepared == [(rt.prepared[0][0], "float32", 0, {}, ("x", "y"))]
+    launcher(1, 2, 0x200)
+    assert rt.launched == [(1, 2, 0x200)] and kept.fills == []
 
-    def prepare_here():
-        key = ("float32", (8, 8), (8, 1), 0, -1, "softmax", False, 0)
-        with_out = key + ("float32", (8, 8), (8, 1), 0, 0)  # an out= call's launches
-        for k in (key, with_out):
-            api._prepared[k] = ("launcher", True, api.stream_key(per_thread), bytearray(8))
-        api._watch_thread_stream(kept, rt)
-        return key, with_out
 
-    (key, with_out), _ = _in_new_thread(prepare_here)
-    assert key not in api._prepared and with_out not in api._prepared and other in api._prepared
-    assert [d[:2] for d in rt.drained] == [(0, per_thread)]
+def test_an_entry_with_scratch_owns_it_and_is_bound_to_its_stream(pool, kept):
+    cache, rt = LauncherCache(pool), FakeRuntime()
+    _, _, bound_to, keep, _ = cache.build("key", rt, kept, FakePlan(256), 0x100, ("dy", "y", "dx"), False)
+    assert bound_to == 0x100 and len(keep) == 256 and kept.fills == [256]  # zeroed once, its own
+    buffers, pointers = rt.prepared[0][3], rt.prepared[0][4]
+    assert buffers == {"sums": id(keep), "counts": id(keep) + 128} and pointers == ("dy", "y", "dx")
+    assert cache.bound_to(0x100) == ["key"] and cache.bound_to(0x200) == []
+    # kept for another stream: the key keeps its entry, another stream launches one-off
+    assert cache.build("key", rt, kept, FakePlan(256), 0x200) is None and cache.get("key")[2] == 0x100
+    # a plan whose launches do not leave their scratch zero gets it unfilled
+    cache.build("split", rt, kept, FakePlan(512, zeroed=False), 0x100)
+    assert kept.fills == [256]
+
+
+def test_no_entry_with_scratch_is_built_while_the_stream_captures_a_graph(pool):
+    cache, rt = LauncherCache(pool), FakeRuntime()
+    capturing = FakeDevice(capturing=True)
+    assert cache.build("key", rt, capturing, FakePlan(256), 0x100) is None and len(cache) == 0
+    assert cache.build("key", rt, capturing, FakePlan(), 0x100) is not None  # no scratch: nothing to fill
+
+
+def test_the_cache_starts_again_past_its_limit(pool, kept, monkeypatch):
+    cache, rt = LauncherCache(pool), FakeRuntime()
+    monkeypatch.setattr(LauncherCache, "LIMIT", 3)
+    for key in range(5):
+        cache.build(key, rt, kept, FakePlan(), 0x100)
+    assert sorted(cache.entries) == [3, 4]
+
+
+def test_entries_bound_to_an_ended_threads_stream_are_dropped_once_drained(pool, kept):
+    """An entry with scratch replays only on the stream it was built on; an ended thread's key is
+    never seen again, so its entries go (their scratch freed after the drain)."""
+    cache, rt = LauncherCache(pool), FakeRuntime()
+    cache.build("ordinary", rt, kept, FakePlan(64), 0x100)
+    (key, thread_key), _ = _in_new_thread(
+        lambda: (cache.build("mine", rt, kept, FakePlan(64), PER_THREAD_DEFAULT_STREAM) and "mine",
+                 pool.stream_key(PER_THREAD_DEFAULT_STREAM)))
+    assert key not in cache and "ordinary" in cache and cache.bound_to(thread_key) == []
+    assert [d[:2] for d in rt.drained] == [(0, PER_THREAD_DEFAULT_STREAM)] and pool.kept_alive() == 0
+
+
+def test_entries_of_a_thread_that_cannot_be_drained_keep_their_scratch_alive(pool, kept):
+    cache, failing = LauncherCache(pool), FakeRuntime(fails=True)
+    _in_new_thread(lambda: cache.build("mine", failing, kept, FakePlan(64), PER_THREAD_DEFAULT_STREAM))
+    assert "mine" not in cache and pool.kept_alive() == 1
 
 
 @pytest.fixture
 def prepared_torch(monkeypatch):
-    """api's repeat-call path with torch seen, an empty _prepared, and the current stream 7 on every
+    """api's repeat-call path with torch seen, an empty launcher cache, and the current stream 7 on every
     device (torch's reader needs a GPU); CPU tensors stand in for CUDA ones."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    monkeypatch.setattr(api, "_prepared", {})
+    api.launchers.clear()
     monkeypatch.setattr(api, "_TORCH", torch)
     monkeypatch.setattr(api, "_TORCH_TENSOR", torch.Tensor)
     monkeypatch.setattr(api, "_torch_is_compiling", torch.compiler.is_compiling)
     monkeypatch.setattr(api, "_TORCH_FORWARD_AD", torch.autograd.forward_ad)
     monkeypatch.setattr(api, "_current_stream", lambda device: 7)
-    return torch
+    yield torch
+    api.launchers.clear()  # the recording launchers go with the test
 
 
 def _keep(key, bound_to=None):
-    """A recording launcher kept under key, as _prepare keeps one."""
+    """A recording launcher kept under key, as LauncherCache.build keeps one."""
     launched = []
-    api._prepared[key] = (lambda *pointers: launched.append(pointers), True, bound_to, None)
+    api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), True, bound_to, None, ("cuda", 0))
     return launched
 
 
@@ -246,7 +322,7 @@ class FakeCupyStream:
 @pytest.fixture
 def prepared_cupy(monkeypatch):
     """api's repeat-call path with cupy seen (FakeCupyArray standing in for cupy.ndarray), an empty
-    _prepared, device 0 current and stream 7 current on it; returns the list of arrays that the
+    launcher cache, device 0 current and stream 7 current on it; returns the list of arrays that the
     stand-in cupy.empty allocated."""
     allocated: list[FakeCupyArray] = []
 
@@ -256,12 +332,13 @@ def prepared_cupy(monkeypatch):
             allocated.append(FakeCupyArray(shape, ptr=(2 + len(allocated)) << 20, dtype=dtype))
             return allocated[-1]
 
-    monkeypatch.setattr(api, "_prepared", {})
+    api.launchers.clear()
     monkeypatch.setattr(api, "_CUPY", FakeCupy)
     monkeypatch.setattr(api, "_CUPY_NDARRAY", FakeCupyArray)
     monkeypatch.setattr(api, "_cupy_device", lambda: 0)
     monkeypatch.setattr(api, "_cupy_current_stream", lambda: FakeCupyStream(7))
-    return allocated
+    yield allocated
+    api.launchers.clear()
 
 
 def test_a_cupy_repeat_call_replays_the_launches_kept_for_its_layout(prepared_cupy):

@@ -1,0 +1,235 @@
+"""One call path, without a GPU: the first call of a layout classifies, plans, builds a launcher in
+the launcher cache and replays it; every later call replays it too (forward and gradient), and calls
+the cache cannot keep launch once through the runtime. Stand-ins for cupy arrays, their classified
+form and a runtime record what each call does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portable_softmax as ps
+from portable_softmax import _backward, _probe, api
+from portable_softmax._scratch import PER_THREAD_DEFAULT_STREAM
+from portable_softmax.planner import DeviceProfile
+
+
+class Memory:
+    def __init__(self, ptr: int, device_id: int):
+        self.ptr, self.device_id = ptr, device_id
+
+
+class FakeCupyArray:
+    """What the repeat paths read of a cupy array: dtype, shape, byte strides and its memory."""
+
+    _next = 1
+
+    def __init__(self, shape, dtype="float32", strides=None, ptr=None, device=0):
+        self.dtype, self.shape = np.dtype(dtype), tuple(shape)
+        self.strides = strides or tuple(int(np.prod(shape[i + 1:])) * self.dtype.itemsize
+                                        for i in range(len(shape)))
+        if ptr is None:
+            FakeCupyArray._next += 1
+            ptr = FakeCupyArray._next << 24
+        self.data = Memory(ptr, device)
+
+
+class Classified:
+    """A FakeCupyArray as api.classify gives a device array: what the full path reads and calls."""
+
+    on_device, vendor = True, "cuda"
+    world: World  # the test's, set by the fixture
+
+    def __init__(self, array: FakeCupyArray):
+        self.array = array
+        self.device_index = array.data.device_id
+        self.dtype = array.dtype.name
+        self.shape = array.shape
+        self.strides = tuple(s // array.dtype.itemsize for s in array.strides)
+        self.ptr = array.data.ptr
+
+    def empty(self, shape):
+        return FakeCupyArray(shape, self.array.dtype)
+
+    def scratch(self, nbytes, zeroed=True):
+        self.world.scratch.append((nbytes, zeroed))
+        buffer = bytearray(nbytes)
+        return id(buffer), buffer
+
+    def capturing(self):
+        return False
+
+    def stream(self):
+        return self.world.stream
+
+    def result(self, y):
+        return y
+
+    def fill_empty_rows(self, y, axis, value):
+        self.world.filled.append((y, axis, value))
+
+
+class World:
+    """The stand-in runtime and what it saw: one-off launches, prepared launchers and their calls."""
+
+    vendor, device_count = "cuda", 1
+
+    def __init__(self):
+        self.stream = 7
+        self.launched: list[tuple] = []  # one-off launches: (tier, buffers, stream)
+        self.prepared: list[tuple] = []  # (tier, pointers)
+        self.replayed: list[tuple] = []  # launcher calls
+        self.scratch: list[tuple] = []
+        self.filled: list[tuple] = []
+
+    def profile(self, device):
+        return DeviceProfile.h100()
+
+    def launch(self, plan, dtype, buffers, stream, device):
+        self.launched.append((plan.tier, dict(buffers), stream))
+
+    def prepare(self, plan, dtype, device, buffers=None, pointers=("x", "y")):
+        self.prepared.append((plan.tier, pointers))
+        return lambda *args: self.replayed.append(args)
+
+    def synchronize_stream(self, device, stream):
+        pass
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """cupy seen (FakeCupyArray standing in for cupy.ndarray), device 0 current, the stand-in runtime
+    behind the vendor 'cuda', and an empty launcher cache."""
+    here = World()
+
+    class FakeCupy:
+        @staticmethod
+        def empty(shape, dtype):
+            return FakeCupyArray(shape, dtype)
+
+    def classify(x, writes=False):
+        assert isinstance(x, FakeCupyArray), type(x)
+        return Classified(x)
+
+    api.launchers.clear()
+    monkeypatch.setattr(Classified, "world", here, raising=False)
+    monkeypatch.setattr(api, "_CUPY", FakeCupy)
+    monkeypatch.setattr(api, "_CUPY_NDARRAY", FakeCupyArray)
+    monkeypatch.setattr(api, "_cupy_device", lambda: 0)
+    monkeypatch.setattr(api, "_cupy_current_stream", lambda: Memory(here.stream, 0))
+    monkeypatch.setattr(api, "classify", classify)
+    monkeypatch.setattr(_backward, "classify", classify)
+    monkeypatch.setattr(_probe, "runtime", lambda vendor: here)
+    yield here
+    api.launchers.clear()
+    api.scratch_pool.clear()  # the stand-in buffers of one-off launches
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_the_first_call_builds_the_launcher_and_every_call_replays_it(world, op):
+    call = getattr(ps, op)
+    x = FakeCupyArray((4, 8))
+    y = call(x)
+    assert world.launched == [] and world.prepared == [("warp", ("x", "y"))]
+    assert world.replayed == [(x.data.ptr, y.data.ptr, 7)]
+    x2 = FakeCupyArray((4, 8))  # the same layout, other memory: the repeat path
+    y2 = call(x2)
+    assert len(world.prepared) == 1 and world.replayed[-1] == (x2.data.ptr, y2.data.ptr, 7)
+    out = FakeCupyArray((4, 8))  # out= is a key of its own, built once, replayed after
+    assert call(x, out=out) is out and call(x2, out=out) is out
+    assert len(world.prepared) == 2 and world.replayed[-2:] == [(x.data.ptr, out.data.ptr, 7),
+                                                              (x2.data.ptr, out.data.ptr, 7)]
+    assert world.launched == [] and len(api.launchers) == 2
+
+
+def test_safe_log_softmax_launches_once_and_keeps_nothing(world):
+    """Its rows of all -inf are filled after the launch: a replay would skip that; so every call
+    takes the full path (as the repeat path never finds its key)."""
+    x = FakeCupyArray((4, 8))
+    for _ in range(2):
+        y = ps.log_softmax(x, safe=True)
+    assert [t for t, _, _ in world.launched] == ["warp", "warp"] and world.prepared == []
+    assert len(world.filled) == 2 and world.filled[-1] == (y, 1, -np.inf) and len(api.launchers) == 0
+    assert ps.softmax(x, safe=True) is not None and world.prepared == [("warp", ("x", "y"))]  # kept
+
+
+def test_an_entry_with_scratch_replays_only_on_the_stream_it_was_built_on(world):
+    """Other streams launch once, with the pool's scratch of their own stream."""
+    x = FakeCupyArray((8, 1 << 20))
+    ps.softmax(x)
+    assert world.prepared == [("cached", ("x", "y"))] and world.scratch == [(8448, True)]  # zeroed once
+    ((_, _, bound_to, _, _),) = api.launchers.entries.values()
+    assert bound_to == 7
+    ps.softmax(x)
+    assert len(world.replayed) == 2 and world.launched == []
+    world.stream = 5
+    ps.softmax(x)
+    assert len(world.replayed) == 2 and [(t, s) for t, _, s in world.launched] == [("cached", 5)]
+    assert 5 in api.scratch_pool.held("cuda", 0)
+
+
+def test_the_per_thread_default_streams_entry_is_its_threads(world):
+    world.stream = PER_THREAD_DEFAULT_STREAM
+    ps.softmax(FakeCupyArray((8, 1 << 20)))
+    ((_, _, bound_to, _, _),) = api.launchers.entries.values()
+    assert bound_to == api.stream_key(PER_THREAD_DEFAULT_STREAM) != PER_THREAD_DEFAULT_STREAM
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_a_gradients_first_call_builds_a_three_pointer_launcher_that_repeat_calls_replay(world, op):
+    backward = getattr(ps, f"{op}_backward")
+    dy, y = FakeCupyArray((4, 8)), FakeCupyArray((4, 8))
+    dx = backward(dy, y)
+    assert world.launched == [] and world.prepared == [("warp", ("dy", "y", "dx"))]
+    assert world.replayed == [(dy.data.ptr, y.data.ptr, dx.data.ptr, 7)]
+    dy2, y2 = FakeCupyArray((4, 8)), FakeCupyArray((4, 8))
+    dx2 = backward(dy2, y2)
+    assert len(world.prepared) == 1 and world.replayed[-1] == (dy2.data.ptr, y2.data.ptr, dx2.data.ptr, 7)
+    out = FakeCupyArray((4, 8))
+    assert backward(dy, y, out=out) is out and backward(dy2, y2, out=out) is out
+    assert len(world.prepared) == 2 and world.replayed[-1] == (dy2.data.ptr, y2.data.ptr, out.data.ptr, 7)
+    # a forward of the same layout is a key of its own
+    ps.softmax(dy)
+    assert world.prepared[-1] == ("warp", ("x", "y")) and len(api.launchers) == 3
+
+
+def test_a_gradient_call_that_differs_in_what_the_plan_or_the_checks_read_misses(world):
+    dy, y = FakeCupyArray((4, 8)), FakeCupyArray((4, 8))
+    ps.softmax_backward(dy, y)
+    key = _backward._repeat_key(dy, y, -1, "softmax")
+    assert key in api.launchers and len(key) == 12
+    for other_y in (FakeCupyArray((4, 8), strides=(64, 4)),  # rows 16 apart
+                    FakeCupyArray((4, 8), ptr=(9 << 24) + 4),  # 4 bytes past a 16-byte boundary
+                    FakeCupyArray((4, 8), dtype="float64"),
+                    FakeCupyArray((8, 4)),
+                    FakeCupyArray((4, 8), device=1)):
+        assert _backward._repeat_cupy(dy, other_y, -1, "softmax", None) is None, vars(other_y)
+    assert _backward._repeat_cupy(dy, y, 1, "softmax", None) is None  # keyed by the axis as written
+    assert _backward._repeat_cupy(dy, y, -1, "log_softmax", None) is None
+    assert _backward._repeat_cupy(dy, np.empty((4, 8), np.float32), -1, "softmax", None) is None
+    with pytest.raises(TypeError, match="dy and y must have one dtype"):  # the full path's check, unchanged
+        ps.softmax_backward(dy, FakeCupyArray((4, 8), dtype="float64"))
+    with pytest.raises(ValueError, match="dy and y must have one shape"):
+        ps.softmax_backward(dy, FakeCupyArray((8, 4)))
+
+
+def test_a_gradients_scratch_is_its_entrys_own_and_bound_to_its_stream(world):
+    dy, y = FakeCupyArray((1, 1 << 22)), FakeCupyArray((1, 1 << 22))
+    ps.softmax_backward(dy, y)
+    assert world.prepared == [("split", ("dy", "y", "dx"))] and world.scratch == [(16384, False)]
+    world.stream = 5
+    ps.softmax_backward(dy, y)
+    assert len(world.replayed) == 1 and [(t, s) for t, b, s in world.launched] == [("split", 5)]
+    assert set(world.launched[0][1]) == {"dy", "y", "dx", "sums"}
+
+
+def test_the_repeat_paths_keys_are_the_key_builders(world):
+    """The repeat paths build their keys inline; they find what the full path kept under the key
+    builders' keys (forward: api._prepared_key, gradient: _backward._repeat_key)."""
+    x, out = FakeCupyArray((4, 8), strides=(64, 4)), FakeCupyArray((4, 8))
+    ps.softmax(x, 0, out=out)
+    assert list(api.launchers.entries) == [api._prepared_key(x, 0, "softmax", False, out)]
+    api.launchers.clear()
+    ps.log_softmax_backward(x, out, 0, out=FakeCupyArray((4, 8), ptr=3 << 24))
+    assert list(api.launchers.entries) == [_backward._repeat_key(x, out, 0, "log_softmax",
+                                                                 FakeCupyArray((4, 8), ptr=3 << 24))]
