@@ -1,8 +1,9 @@
 /* portable_softmax._fastlaunch: the compiled repeat-call launcher.
  *
  * A Launcher holds the launches of one plan (function handle, grid, block, dynamic shared
- * memory and the kernel parameters) and replays them with a new input pointer, output pointer
- * and stream per call. It calls the vendor's launch entry points through function pointers that
+ * memory and the kernel parameters) and replays them with new array pointers and a stream per
+ * call: the buffers it is told to take per call (its pointer slots: x and y by default, dy, y
+ * and dx for a gradient), in that order, then the stream. It calls the vendor's launch entry points through function pointers that
  * Python hands over, so this file includes no CUDA or HIP header and links no GPU library:
  * cuLaunchKernel (CUDA driver) and hipModuleLaunchKernel (HIP) share one C signature, and so do
  * cuLaunchCooperativeKernel and hipModuleLaunchCooperativeKernel, which cooperative steps take
@@ -25,9 +26,11 @@
 #include <string.h>
 
 /* Bumped whenever the Python side must change with this file (portable_softmax/_launch.py). */
-#define FASTLAUNCH_ABI 2
+#define FASTLAUNCH_ABI 3
 /* Kernel parameters per launch: the planner's kernels take at most a dozen. */
 #define MAX_ARGS 64
+/* Buffers given per call (pointer slots). */
+#define MAX_POINTERS 8
 /* What the error stub returns: no CUDA or HIP status has this value. */
 #define ERROR_STUB_CODE 999
 /* Calls the recording stub keeps (the oldest are dropped first). */
@@ -51,15 +54,16 @@ typedef union {
     unsigned char bytes[8];
 } slot;
 
-enum role { FIXED = 0, X_PTR = 1, Y_PTR = 2 };
+/* A parameter's role: FIXED, or 1 + the index of the pointer slot it takes per call. */
+enum { FIXED = 0 };
 
 typedef struct {
     void *f;
     unsigned grid[3], block[3], shared;
     int cooperative;                /* launched through the cooperative entry point */
     int nargs;
-    slot values[MAX_ARGS];          /* the fixed values; x / y slots are filled per call */
-    unsigned char roles[MAX_ARGS];  /* enum role */
+    slot values[MAX_ARGS];          /* the fixed values; pointer slots are filled per call */
+    unsigned char roles[MAX_ARGS];  /* FIXED, or 1 + a pointer slot's index */
 } step;
 
 typedef struct {
@@ -69,6 +73,8 @@ typedef struct {
     Py_ssize_t nsteps;
     step *steps;
     PyObject *names;     /* tuple of str: the kernels, for error messages */
+    PyObject *pointers;  /* tuple of str: the buffers given per call, in the call's order */
+    Py_ssize_t npointers;
     PyObject *describe;  /* None or callable(code) -> str, called only when a launch fails */
 } Launcher;
 
@@ -135,9 +141,9 @@ static int as_dims(PyObject *obj, unsigned out[3], const char *what) {
     return 0;
 }
 
-/* One (kind, value) argument: kind "ptr" takes an int address or "x" / "y" (filled per call),
- * "i64" and "i32" take ints in their range. */
-static int parse_arg(PyObject *arg, step *s, int i, PyObject *name) {
+/* One (kind, value) argument: kind "ptr" takes an int address or the name of a pointer slot
+ * (filled per call), "i64" and "i32" take ints in their range. */
+static int parse_arg(PyObject *arg, step *s, int i, PyObject *name, PyObject *pointers) {
     PyObject *kind = NULL, *value = NULL;
     int rc = -1;
     if (!PySequence_Check(arg) || PySequence_Size(arg) != 2) {
@@ -156,16 +162,17 @@ static int parse_arg(PyObject *arg, step *s, int i, PyObject *name) {
     } else if (PyUnicode_CompareWithASCIIString(kind, "ptr") == 0) {
         uintptr_t address;
         if (PyUnicode_Check(value)) {
-            if (PyUnicode_CompareWithASCIIString(value, "x") == 0) {
-                s->roles[i] = X_PTR;
-                rc = 0;
-            } else if (PyUnicode_CompareWithASCIIString(value, "y") == 0) {
-                s->roles[i] = Y_PTR;
-                rc = 0;
-            } else {
-                PyErr_Format(PyExc_KeyError, "%U: argument %d names buffer %R; only 'x' and 'y' are "
-                             "given per call, other buffers need an address", name, i, value);
+            Py_ssize_t k, n = PyTuple_Size(pointers);
+            for (k = 0; k < n; k++) {
+                if (PyUnicode_Compare(value, PyTuple_GetItem(pointers, k)) == 0) {
+                    s->roles[i] = (unsigned char)(1 + k);
+                    rc = 0;
+                    break;
+                }
             }
+            if (rc != 0)
+                PyErr_Format(PyExc_KeyError, "%U: argument %d names buffer %R; only %R are given per "
+                             "call, other buffers need an address", name, i, value, pointers);
         } else if (as_address(value, &address, "a 'ptr' argument") == 0) {
             s->values[i].ptr = (void *)address;
             rc = 0;
@@ -202,7 +209,7 @@ done:
 }
 
 /* (name, function, grid, block, shared_bytes, args[, cooperative]) */
-static int parse_step(PyObject *item, step *s, PyObject **name_out) {
+static int parse_step(PyObject *item, step *s, PyObject **name_out, PyObject *pointers) {
     PyObject *fields[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     Py_ssize_t i, nargs, nfields;
     uintptr_t f;
@@ -249,7 +256,7 @@ static int parse_step(PyObject *item, step *s, PyObject **name_out) {
     s->nargs = (int)nargs;
     for (i = 0; i < nargs; i++) {
         PyObject *arg = PySequence_GetItem(fields[5], i);
-        int bad = arg ? parse_arg(arg, s, (int)i, fields[0]) : -1;
+        int bad = arg ? parse_arg(arg, s, (int)i, fields[0], pointers) : -1;
         Py_XDECREF(arg);
         if (bad)
             goto done;
@@ -269,6 +276,7 @@ static int Launcher_traverse(PyObject *op, visitproc visit, void *arg) {
     Launcher *self = (Launcher *)op;
     Py_VISIT(Py_TYPE(op));  /* instances of heap types own a reference to their type */
     Py_VISIT(self->names);
+    Py_VISIT(self->pointers);
     Py_VISIT(self->describe);
     return 0;
 }
@@ -276,6 +284,7 @@ static int Launcher_traverse(PyObject *op, visitproc visit, void *arg) {
 static int Launcher_clear(PyObject *op) {
     Launcher *self = (Launcher *)op;
     Py_CLEAR(self->names);
+    Py_CLEAR(self->pointers);
     Py_CLEAR(self->describe);
     return 0;
 }
@@ -291,14 +300,51 @@ static void Launcher_dealloc(PyObject *op) {
     Py_DECREF(tp);
 }
 
+/* The pointer slots: None (x and y) or a sequence of 1 to MAX_POINTERS distinct str; a new tuple. */
+static PyObject *as_pointers(PyObject *obj) {
+    PyObject *t;
+    Py_ssize_t n, i, j;
+    if (obj == Py_None)
+        return Py_BuildValue("(ss)", "x", "y");
+    t = PySequence_Check(obj) && !PyUnicode_Check(obj) ? PySequence_Tuple(obj) : NULL;
+    if (!t) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "pointers must be a sequence of buffer names (str)");
+        return NULL;
+    }
+    n = PyTuple_Size(t);
+    if (n < 1 || n > MAX_POINTERS) {
+        PyErr_Format(PyExc_ValueError, "pointers names %zd buffers; a launcher takes 1 to %d", n, MAX_POINTERS);
+        Py_DECREF(t);
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GetItem(t, i);
+        if (!PyUnicode_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "pointers must be a sequence of buffer names (str)");
+            Py_DECREF(t);
+            return NULL;
+        }
+        for (j = 0; j < i; j++) {
+            if (PyUnicode_Compare(a, PyTuple_GetItem(t, j)) == 0) {
+                PyErr_Format(PyExc_ValueError, "pointers names buffer %R twice", a);
+                Py_DECREF(t);
+                return NULL;
+            }
+        }
+    }
+    return t;
+}
+
 static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entry_point", "steps", "describe", "cooperative_entry_point", NULL};
+    static char *keywords[] = {"entry_point", "steps", "describe", "cooperative_entry_point", "pointers", NULL};
     PyObject *entry = NULL, *steps = NULL, *describe = Py_None, *cooperative_entry = Py_None;
+    PyObject *pointers_arg = Py_None, *pointers;
     Launcher *self;
     uintptr_t address, cooperative_address = 0;
     Py_ssize_t n, i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:Launcher", keywords, &entry, &steps, &describe,
-                                     &cooperative_entry))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$O:Launcher", keywords, &entry, &steps, &describe,
+                                     &cooperative_entry, &pointers_arg))
         return NULL;
     if (as_address(entry, &address, "entry_point") < 0)
         return NULL;
@@ -324,9 +370,15 @@ static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         PyErr_SetString(PyExc_ValueError, "steps must be a non-empty sequence of launches");
         return NULL;
     }
-    self = (Launcher *)PyType_GenericAlloc(type, 0);
-    if (!self)
+    if (!(pointers = as_pointers(pointers_arg)))
         return NULL;
+    self = (Launcher *)PyType_GenericAlloc(type, 0);
+    if (!self) {
+        Py_DECREF(pointers);
+        return NULL;
+    }
+    self->pointers = pointers;  /* owns the reference */
+    self->npointers = PyTuple_Size(pointers);
     self->launch = (launch_fn)address;
     self->cooperative = (cooperative_launch_fn)cooperative_address;
     self->nsteps = n;
@@ -340,7 +392,7 @@ static PyObject *Launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     }
     for (i = 0; i < n; i++) {
         PyObject *item = PySequence_GetItem(steps, i), *name = NULL;
-        int bad = item ? parse_step(item, &self->steps[i], &name) : -1;
+        int bad = item ? parse_step(item, &self->steps[i], &name, self->pointers) : -1;
         Py_XDECREF(item);
         if (!bad && self->steps[i].cooperative && !self->cooperative) {
             PyErr_Format(PyExc_ValueError, "%U is a cooperative step, and no cooperative_entry_point "
@@ -404,30 +456,40 @@ static PyObject *raise_launch_error(Launcher *self, Py_ssize_t failed, int code)
     return NULL;
 }
 
-static int address_arg(PyObject *obj, uintptr_t *out, int position) {
-    static const char *what[] = {"x_ptr", "y_ptr", "stream"};
+/* A per-call address: pointer slot `position`, or the stream where position is npointers. */
+static int address_arg(Launcher *self, PyObject *obj, uintptr_t *out, Py_ssize_t position) {
     unsigned long long v;
     if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int", what[position]);
+        if (position < self->npointers)
+            PyErr_Format(PyExc_TypeError, "%U_ptr must be an int", PyTuple_GetItem(self->pointers, position));
+        else
+            PyErr_SetString(PyExc_TypeError, "stream must be an int");
         return -1;
     }
     v = PyLong_AsUnsignedLongLong(obj);
     if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > (unsigned long long)UINTPTR_MAX) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be an address in [0, 2**%d - 1]", what[position],
-                     (int)(8 * sizeof(uintptr_t)));
+        if (position < self->npointers)
+            PyErr_Format(PyExc_ValueError, "%U_ptr must be an address in [0, 2**%d - 1]",
+                         PyTuple_GetItem(self->pointers, position), (int)(8 * sizeof(uintptr_t)));
+        else
+            PyErr_Format(PyExc_ValueError, "stream must be an address in [0, 2**%d - 1]",
+                         (int)(8 * sizeof(uintptr_t)));
         return -1;
     }
     *out = (uintptr_t)v;
     return 0;
 }
 
-static PyObject *launch_all(Launcher *self, PyObject *x_obj, PyObject *y_obj, PyObject *stream_obj) {
-    uintptr_t x, y, stream;
+/* args: one address a pointer slot, then the stream (nargs checked by the caller). */
+static PyObject *launch_all(Launcher *self, PyObject *const *args) {
+    uintptr_t pointers[MAX_POINTERS], stream;
     Py_ssize_t i, failed = -1;
     int code = 0;
-    if (address_arg(x_obj, &x, 0) < 0 || address_arg(y_obj, &y, 1) < 0 ||
-        address_arg(stream_obj, &stream, 2) < 0)
+    for (i = 0; i < self->npointers; i++)
+        if (address_arg(self, args[i], &pointers[i], i) < 0)
+            return NULL;
+    if (address_arg(self, args[self->npointers], &stream, self->npointers) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < self->nsteps; i++) {
@@ -436,12 +498,9 @@ static PyObject *launch_all(Launcher *self, PyObject *x_obj, PyObject *y_obj, Py
         void *params[MAX_ARGS + 1];
         int j;
         for (j = 0; j < s->nargs; j++) {
-            if (s->roles[j] == X_PTR) {
+            if (s->roles[j] != FIXED) {
                 memset(&values[j], 0, sizeof(slot));
-                values[j].ptr = (void *)x;
-            } else if (s->roles[j] == Y_PTR) {
-                memset(&values[j], 0, sizeof(slot));
-                values[j].ptr = (void *)y;
+                values[j].ptr = (void *)pointers[s->roles[j] - 1];
             } else {
                 values[j] = s->values[j];
             }
@@ -465,21 +524,45 @@ static PyObject *launch_all(Launcher *self, PyObject *x_obj, PyObject *y_obj, Py
     Py_RETURN_NONE;
 }
 
-static PyObject *Launcher_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "launch(x_ptr, y_ptr, stream) takes 3 arguments (%zd given)", nargs);
+static PyObject *wrong_count(Launcher *self, Py_ssize_t given) {
+    PyObject *sep, *joined;
+    if (!self->pointers) {  /* cleared by the collector */
+        PyErr_SetString(PyExc_RuntimeError, "the launcher was cleared");
         return NULL;
     }
-    return launch_all((Launcher *)self, args[0], args[1], args[2]);
+    if (!(sep = PyUnicode_FromString("_ptr, ")))
+        return NULL;
+    joined = PyUnicode_Join(sep, self->pointers);
+    Py_DECREF(sep);
+    if (!joined)
+        return NULL;
+    PyErr_Format(PyExc_TypeError, "launch(%U_ptr, stream) takes %zd arguments (%zd given)", joined,
+                 self->npointers + 1, given);
+    Py_DECREF(joined);
+    return NULL;
 }
 
-static PyObject *Launcher_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    if ((kwargs && PyDict_Size(kwargs)) || PyTuple_Size(args) != 3) {
-        PyErr_SetString(PyExc_TypeError, "launcher(x_ptr, y_ptr, stream) takes 3 positional arguments");
+static PyObject *Launcher_launch(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    Launcher *self = (Launcher *)op;
+    if (nargs != self->npointers + 1 || !self->pointers)
+        return wrong_count(self, nargs);
+    return launch_all(self, args);
+}
+
+static PyObject *Launcher_call(PyObject *op, PyObject *args, PyObject *kwargs) {
+    Launcher *self = (Launcher *)op;
+    PyObject *items[MAX_POINTERS + 1];
+    Py_ssize_t i, n;
+    if (kwargs && PyDict_Size(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "a launcher takes positional arguments only");
         return NULL;
     }
-    return launch_all((Launcher *)self, PyTuple_GetItem(args, 0), PyTuple_GetItem(args, 1),
-                      PyTuple_GetItem(args, 2));
+    n = PyTuple_Size(args);
+    if (n != self->npointers + 1 || !self->pointers)
+        return wrong_count(self, n);
+    for (i = 0; i < n; i++)
+        items[i] = PyTuple_GetItem(args, i);  /* borrowed */
+    return launch_all(self, items);
 }
 
 static PyObject *Launcher_repr(PyObject *op) {
@@ -500,8 +583,9 @@ static PyObject *Launcher_repr(PyObject *op) {
 
 static PyMethodDef Launcher_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
-     "launch(x_ptr, y_ptr, stream) -> None\n\nRun every launch in order with these pointers and "
-     "stream. Bind it once (f = launcher.launch) for the cheapest call."},
+     "launch(x_ptr, y_ptr, stream) -> None\n\nRun every launch in order with these pointers (one a "
+     "pointer slot, in the order of `pointers`) and stream. Bind it once (f = launcher.launch) for the "
+     "cheapest call."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -514,16 +598,18 @@ static PyType_Slot Launcher_slots[] = {
     {Py_tp_repr, (void *)Launcher_repr},
     {Py_tp_methods, (void *)Launcher_methods},
     {Py_tp_doc, (void *)
-     "Launcher(entry_point, steps, describe=None, cooperative_entry_point=None)\n\n"
-     "The launches of one plan, replayed per call with new x / y pointers and stream.\n"
+     "Launcher(entry_point, steps, describe=None, cooperative_entry_point=None, *, pointers=('x', 'y'))\n\n"
+     "The launches of one plan, replayed per call with new array pointers and stream.\n"
      "entry_point: address of cuLaunchKernel or hipModuleLaunchKernel (or a stub).\n"
      "steps: (name, function, grid, block, shared_bytes, args[, cooperative]) per launch;\n"
      "args are the kernel's (kind, value) pairs, kind 'ptr' | 'i64' | 'i32', and a 'ptr'\n"
-     "value is an int address or 'x' / 'y' (taken from each call). Steps with cooperative\n"
+     "value is an int address or a name in pointers (taken from each call). Steps with cooperative\n"
      "True launch through cooperative_entry_point (cuLaunchCooperativeKernel or\n"
      "hipModuleLaunchCooperativeKernel, or a stub), which they then require.\n"
      "describe: optional callable(code) -> str that names a failed launch's error code.\n"
-     "Calling it (or its .launch) with (x_ptr, y_ptr, stream) launches every step in order\n"
+     "pointers: the buffers given per call (1 to 8 names), in the call's order.\n"
+     "Calling it (or its .launch) with (x_ptr, y_ptr, stream), one address a name in\n"
+     "pointers and then the stream, launches every step in order\n"
      "and raises LaunchError naming the kernel and the code when one fails."},
     {0, NULL},
 };
@@ -716,6 +802,7 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
         PyModule_AddObjectRef(m, "Launcher", launcher_type) < 0 ||
         PyModule_AddIntConstant(m, "ABI", FASTLAUNCH_ABI) < 0 ||
         PyModule_AddIntConstant(m, "MAX_ARGS", MAX_ARGS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_POINTERS", MAX_POINTERS) < 0 ||
         PyModule_AddIntConstant(m, "ERROR_STUB_CODE", ERROR_STUB_CODE) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_CAPACITY", RECORD_CAPACITY) < 0) {
         Py_XDECREF(launcher_type);

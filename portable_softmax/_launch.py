@@ -3,9 +3,9 @@ kernel files.
 
 ``PackedArgs`` builds the ``void**`` array that cuLaunchKernel and hipModuleLaunchKernel both
 take, from a plan's (kind, value) arguments. ``compiled_launcher`` wraps a plan's launches in
-``_fastlaunch.Launcher`` (C), which replays them per call with new x / y pointers and stream
-through either entry point, given by address: the two share one C signature (and so do their
-cooperative forms, which launches whose blocks wait on each other take).
+``_fastlaunch.Launcher`` (C), which replays them per call with new array pointers (x and y; dy, y
+and dx for a gradient) and stream through either entry point, given by address: the two share one
+C signature (and so do their cooperative forms, which launches whose blocks wait on each other take).
 """
 
 from __future__ import annotations
@@ -72,7 +72,12 @@ class PackedArgs:
 
 # ---- the compiled launcher ------------------------------------------------------------------------
 #: the _fastlaunch.ABI this Python side is written against (portable_softmax/_fastlaunch.c)
-FASTLAUNCH_ABI = 2
+FASTLAUNCH_ABI = 3
+#: the previous ABI, still driven for x / y launchers: an extension built before pointer slots
+#: (``Launcher(..., pointers=...)``), whose gradient launchers then launch from Python
+FASTLAUNCH_ABI_XY = 2
+#: the per-call pointers of a forward launcher
+XY = ("x", "y")
 #: "python" makes prepared launchers launch from Python even where the compiled one is available
 LAUNCHER_ENV = "PORTABLE_SOFTMAX_LAUNCHER"
 #: "1" launches the tiers whose blocks wait on each other cooperatively (cuLaunchCooperativeKernel,
@@ -122,7 +127,7 @@ def _load_fastlaunch() -> tuple[ModuleType | None, str]:
             if built is False:
                 return None, "the package was built without _fastlaunch"
             return None, f"_fastlaunch is not importable: {e}"
-    if getattr(module, "ABI", None) != FASTLAUNCH_ABI:
+    if getattr(module, "ABI", None) not in (FASTLAUNCH_ABI, FASTLAUNCH_ABI_XY):
         return None, f"{module.__file__} has ABI {getattr(module, 'ABI', None)}, this package needs {FASTLAUNCH_ABI}"
     return module, str(module.__file__)
 
@@ -173,12 +178,13 @@ def cooperative_launch_status(available: bool, missing: str, entry: str) -> str:
 
 
 def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
-                   buffers: Mapping[str, int] | None = None, cooperative: bool = False) -> list[tuple]:
+                   buffers: Mapping[str, int] | None = None, cooperative: bool = False,
+                   pointers: tuple[str, ...] = XY) -> list[tuple]:
     """A plan's launches as ``_fastlaunch.Launcher`` steps.
 
     ``functions`` and ``grids`` hold each launch's function handle and the grid the runtime
-    launches it with (after ``one_wave``). Buffer arguments other than "x" and "y" (scratch)
-    take their address from ``buffers``; "x" and "y" stay names, filled on every call.
+    launches it with (after ``one_wave``). Buffer arguments not named in ``pointers`` (scratch)
+    take their address from ``buffers``; those in ``pointers`` stay names, filled on every call.
     ``cooperative``: launches whose blocks wait on each other (Launch.cooperative) take the
     cooperative entry point; False: every launch takes the plain one.
     """
@@ -189,7 +195,7 @@ def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
     for step, fn, grid in zip(plan.launches, functions, grids):
         args = []
         for kind, value in step.args:
-            if kind == PTR and value not in ("x", "y"):
+            if kind == PTR and value not in pointers:
                 if value not in buffers:
                     raise KeyError(f"the launch needs buffer {value!r}, which was not provided")
                 value = buffers[value]
@@ -202,10 +208,13 @@ def compiled_steps(plan: Plan, functions: Sequence[int], grids: Sequence[int],
 def compiled_launcher(entry_point: int | None, plan: Plan, functions: Sequence[int], grids: Sequence[int],
                       buffers: Mapping[str, int] | None = None,
                       describe: Callable[[int], str] | None = None,
-                      cooperative_entry_point: int | None = None):
+                      cooperative_entry_point: int | None = None,
+                      pointers: tuple[str, ...] = XY):
     """A ``_fastlaunch.Launcher`` for the plan over the launch entry point at ``entry_point``
-    (cuLaunchKernel or hipModuleLaunchKernel), or None where the compiled launcher is not
-    available, the entry point is unknown, or PORTABLE_SOFTMAX_LAUNCHER=python asks for Python.
+    (cuLaunchKernel or hipModuleLaunchKernel), called as ``launcher(*pointer_values, stream)`` with
+    the buffers named in ``pointers``; or None where the compiled launcher is not available (or
+    takes x and y only, and ``pointers`` names others), the entry point is unknown, or
+    PORTABLE_SOFTMAX_LAUNCHER=python asks for Python.
 
     Cooperative launches take ``cooperative_entry_point`` (cuLaunchCooperativeKernel or
     hipModuleLaunchCooperativeKernel) where one is given, else the plain entry point.
@@ -213,7 +222,13 @@ def compiled_launcher(entry_point: int | None, plan: Plan, functions: Sequence[i
     """
     if _FASTLAUNCH is None or not entry_point or os.environ.get(LAUNCHER_ENV, "").lower() == "python":
         return None
-    steps = compiled_steps(plan, functions, grids, buffers, cooperative=bool(cooperative_entry_point))
+    slots = pointers != XY
+    if slots and _FASTLAUNCH.ABI == FASTLAUNCH_ABI_XY:
+        return None
+    steps = compiled_steps(plan, functions, grids, buffers, cooperative=bool(cooperative_entry_point),
+                           pointers=pointers)
+    if slots:
+        return _FASTLAUNCH.Launcher(entry_point, steps, describe, cooperative_entry_point or None, pointers=pointers)
     return _FASTLAUNCH.Launcher(entry_point, steps, describe, cooperative_entry_point or None)
 
 

@@ -23,14 +23,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from . import _launch
-from ._launch import PackedArgs, compiled_launcher, cooperative_launch_status, launcher_kind
+from ._launch import XY, PackedArgs, compiled_launcher, cooperative_launch_status, launcher_kind
 from .planner import PTR, DeviceProfile, Launch, Plan
 
 #: a prepared launcher: launcher(x_ptr, y_ptr, stream) replays a plan's launches (a gradient's:
 #: launcher(dy_ptr, y_ptr, dx_ptr, stream))
 Launcher = Callable[..., None]
-#: the per-call pointers of a forward launcher
-XY = ("x", "y")
+
 
 
 @runtime_checkable
@@ -200,21 +199,29 @@ class DriverRuntime:
         the buffers named in ``pointers`` in that order (by default ``launcher(x_ptr, y_ptr, stream)``).
         ``buffers`` holds the addresses of the plan's scratch buffers, which every call uses.
 
-        It launches from C (``_fastlaunch``) where that module is built and the pointers are x and y,
-        else from Python; either way on ``device``, made current for the call where it is not.
+        It launches from C (``_fastlaunch``) where that module is built, else from Python; either way
+        on ``device``, made current for the call where it is not.
         """
         with self._on(device):
             steps = self._steps(plan, dtype, device)
         entry_point, fast = self.launch_entry_point(), None
-        if entry_point and pointers == XY:  # handles become integers only where a real runtime made them
+        if entry_point:  # handles become integers only where a real runtime made them
             fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in steps], [g for _, g, _ in steps],
                                      buffers, describe=self._describe_error,
-                                     cooperative_entry_point=self.cooperative_entry_point())
+                                     cooperative_entry_point=self.cooperative_entry_point(), pointers=pointers)
         if fast is not None:
             launch = fast.launch  # the bound C method: no argument tuple per call
             if self.device_count == 1:
                 return launch  # one device: it is the current one
             current_device, switch_to = self.current_device, self._switch_to
+            if pointers != XY:
+                def on_device(*args: int) -> None:
+                    if current_device() != device:
+                        with switch_to(device):
+                            return launch(*args)
+                    return launch(*args)
+
+                return on_device
 
             def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
                 if current_device() != device:

@@ -24,6 +24,7 @@ import pytest
 
 from portable_softmax import _cuda, _hip, _launch, _probe
 from portable_softmax.planner import I32, I64, PTR, DeviceProfile, Plan, RowProblem, StridedProblem, one_wave, plan
+from portable_softmax.planner_backward import GradRowProblem, GradStridedProblem, plan_backward
 
 WITHOUT_ENV = "PORTABLE_SOFTMAX_BUILT_WITHOUT_FASTLAUNCH"
 DEVICES = {"h100": DeviceProfile.h100(), "mi300x": DeviceProfile.mi300x()}
@@ -147,8 +148,18 @@ def test_the_plans_cover_the_multi_launch_split_and_scratch_on_both_devices():
 
 
 # ---- the build ------------------------------------------------------------------------------------
+@pytest.fixture
+def slots(fl):
+    """The compiled launcher with pointer slots (ABI 3): an extension built before them (ABI 2,
+    still driven for x / y launchers) skips, saying so."""
+    if fl.ABI < _launch.FASTLAUNCH_ABI:
+        pytest.skip(f"{fl.__file__} has ABI {fl.ABI}, built before this source's ABI {_launch.FASTLAUNCH_ABI} "
+                    "(pointer slots): reinstall the package to rebuild it")
+    return fl
+
+
 def test_the_build_provides_the_compiled_launcher(fl):
-    assert fl.ABI == _launch.FASTLAUNCH_ABI
+    assert fl.ABI in (_launch.FASTLAUNCH_ABI, _launch.FASTLAUNCH_ABI_XY)
     assert _launch.launcher_status().startswith("compiled (")
     assert issubclass(fl.LaunchError, RuntimeError)
 
@@ -389,6 +400,80 @@ def test_threads_calling_one_launcher_never_mix_their_pointers(fl, stub, rng):
             assert got == expected_values(step.args, {"x": x, "y": x + 64, **scratch}), (t, i, s)
 
 
+# ---- pointer slots: the gradient's dy, y and dx ------------------------------------------------------
+GRADIENT = ("dy", "y", "dx")
+
+
+def _gradient_plans():
+    """Gradient plans of every regime on both devices (a split with scratch among them)."""
+    problems = [GradRowProblem("float32", op, rows, cols, (cols, cols, cols), (0, 0, 0), safe=True)
+                for op in ("softmax", "log_softmax") for rows, cols in ((4096, 7), (64, 1000), (8, 50257),
+                                                                       (1, 4_000_000))]
+    problems.append(GradStridedProblem("float32", "softmax", 4, 300, 64, (300 * 64, 64, 1), (300 * 64, 64, 1),
+                                       (300 * 64, 64, 1), safe=True))
+    return [(dev_name, plan_backward(p, dev)) for dev_name, dev in DEVICES.items() for p in problems]
+
+
+def test_the_gradient_plans_take_three_pointers_and_scratch():
+    plans = [p for _, p in _gradient_plans()]
+    names = {v for p in plans for s in p.launches for k, v in s.args if k == PTR}
+    assert set(GRADIENT) <= names and any(p.scratch for p in plans)
+
+
+@pytest.mark.parametrize("index", range(len(_gradient_plans())))
+def test_a_gradient_launcher_fills_its_three_pointer_slots(slots, stub, rng, index):
+    dev_name, the_plan = _gradient_plans()[index]
+    functions, grids = fake_handles(the_plan, DEVICES[dev_name])
+    scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
+    launcher = _launch.compiled_launcher(stub, the_plan, functions, grids, scratch, pointers=GRADIENT)
+    assert launcher is not None
+    for call in range(2):
+        dy, y, dx = (random_address(rng, 16) + 4 * call for _ in range(3))
+        stream = int(rng.integers(0, 1 << 62))
+        (launcher.launch if call else launcher)(dy, y, dx, stream)
+        calls = slots._recorded()[-len(the_plan.launches):]
+        check_calls(calls, the_plan, functions, grids, {"dy": dy, "y": y, "dx": dx, **scratch}, stream, False)
+
+
+@pytest.mark.parametrize("pointers, error, message", [
+    (("x", "x"), ValueError, "twice"), ((), ValueError, "1 to 8"), (tuple("abcdefghi"), ValueError, "1 to 8"),
+    ((1, 2), TypeError, "names"), ("xy", TypeError, "names"),
+])
+def test_bad_pointer_slots_are_refused(slots, stub, pointers, error, message):
+    with pytest.raises(error, match=message):
+        slots.Launcher(stub, [("k", 1, 1, 1, 0, [])], pointers=pointers)
+
+
+def test_a_launcher_takes_one_address_a_slot_and_the_stream(slots, stub):
+    launcher = slots.Launcher(stub, [("k", 1, 1, 1, 0, [(PTR, "dy"), (PTR, "dx"), (PTR, "y"), (I32, 5)])],
+                              pointers=GRADIENT)
+    launcher(0x10, 0x20, 0x30, 9)
+    (call,) = slots._recorded()
+    assert decode(call["params"], [PTR, PTR, PTR, I32]) == [0x10, 0x30, 0x20, 5] and call["stream"] == 9
+    for args in ((1, 2, 3), (1, 2, 3, 4, 5)):
+        for f in (launcher, launcher.launch):
+            with pytest.raises(TypeError, match=r"launch\(dy_ptr, y_ptr, dx_ptr, stream\) takes 4 arguments"):
+                f(*args)
+    with pytest.raises(TypeError, match="dx_ptr must be an int"):
+        launcher(1, 2, "dx", 4)
+    with pytest.raises(KeyError, match="'x'"):  # a name outside the slots needs an address
+        slots.Launcher(stub, [("k", 1, 1, 1, 0, [(PTR, "x")])], pointers=GRADIENT)
+    assert len(slots._recorded()) == 1
+
+
+def test_an_extension_of_x_and_y_only_leaves_gradients_to_python(fl, stub, monkeypatch):
+    """ABI 2 (built before pointer slots) still drives x / y launchers; a gradient's gets None, so
+    the runtime builds the Python launcher."""
+    the_plan = plan_backward(GradRowProblem("float32", "softmax", 4, 8, (8, 8, 8), (0, 0, 0), safe=True),
+                             DEVICES["h100"])
+    functions, grids = fake_handles(the_plan, DEVICES["h100"])
+    monkeypatch.setattr(_launch, "_FASTLAUNCH", SimpleNamespace(ABI=_launch.FASTLAUNCH_ABI_XY,
+                                                                Launcher=fl.Launcher))
+    assert _launch.compiled_launcher(stub, the_plan, functions, grids, pointers=GRADIENT) is None
+    forward = plan(RowProblem("float32", "softmax", rows=4, cols=8), DEVICES["h100"])
+    assert _launch.compiled_launcher(stub, forward, *fake_handles(forward, DEVICES["h100"])) is not None
+
+
 # ---- the runtime adapters' prepare() ----------------------------------------------------------------
 class StubDriver:
     """cupy.cuda.driver's launchKernel and launchCooperativeKernel, recording what the Python
@@ -504,6 +589,35 @@ def test_cuda_prepare_falls_back_to_python_with_the_same_values(fl, stub, cooper
         assert _python_launcher_params(via_python, kinds) == decode(via_c["params"], kinds)
     assert python.launcher_kind() == f"python ({_launch.LAUNCHER_ENV}=python)"
     assert any(s.cooperative for s in the_plan.launches) == (the_plan.tier != "block")
+
+
+@pytest.mark.parametrize("device_count", [1, 2])
+def test_a_gradients_prepared_launcher_passes_the_same_values_from_c_and_python(slots, stub, rng, monkeypatch,
+                                                                                 device_count):
+    """prepare(..., pointers=(dy, y, dx)): launcher(dy, y, dx, stream), compiled where the extension
+    has pointer slots, else from Python, with the same values; made current on its device first."""
+    the_plan = plan_backward(GradRowProblem("float32", "softmax", 1, 4_000_000, (4_000_000,) * 3, (0, 0, 0),
+                                            safe=True), DEVICES["h100"])
+    assert the_plan.scratch
+    scratch = {name: random_address(rng, 256) for name, _ in the_plan.scratch}
+    dy, y, dx = (random_address(rng, 16) for _ in range(3))
+    stream = 0x5EED
+    compiled = StubCuda(stub, device_now=1, device_count=device_count)
+    launcher = compiled.prepare(the_plan, "float32", 0, scratch, pointers=GRADIENT)
+    launcher(dy, y, dx, stream)
+    assert compiled.entered == ([0, 0] if device_count == 2 else [])  # the steps looked up, then the call
+    monkeypatch.setenv(_launch.LAUNCHER_ENV, "python")
+    python = StubCuda(stub, device_now=1, device_count=device_count)
+    from_python = python.prepare(the_plan, "float32", 0, scratch, pointers=GRADIENT)
+    from_python(dy, y, dx, stream)  # its packed values stay alive with it, for the reads below
+    with pytest.raises(TypeError, match="dy, y, dx, stream"):
+        from_python(dy, y, stream)
+    assert len(python.driver.calls) == len(the_plan.launches) == len(slots._recorded())
+    for via_python, via_c, step in zip(python.driver.calls, slots._recorded(), the_plan.launches):
+        kinds = [k for k, _ in step.args]
+        values = {"dy": dy, "y": y, "dx": dx, **scratch}
+        assert _python_launcher_params(via_python, kinds) == decode(via_c["params"], kinds)
+        assert decode(via_c["params"], kinds) == expected_values(step.args, values)
 
 
 class StubHip(_hip.HipRuntime):
