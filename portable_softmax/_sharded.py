@@ -138,15 +138,18 @@ class KernelMath(TorchMath):
     """The local steps by the package's two-pass split kernels, on rows along the last axis of
     contiguous tensors (other layouts, and the merge of the gathered pairs, as TorchMath).
 
-    Forward: the first pass (``ps_split_partials_*``) with one chunk a row writes each row's (m, d);
-    the second (``ps_split_normalize_*``), given one (M, D) pair a row as its single chunk's
-    partial, merges it with nothing and normalises the row.
+    Both take their launches from the planners' ``plan_split_passes``: one chunk a row where the
+    rows fill the device, several where they are few (their chunks' results merged here before the
+    collective). The second pass of each is handed the row's combined result as the row's first
+    chunk's and the monoid's identity as the others', which merge back into it exactly.
 
-    Backward: the gradient's first pass (``ps_bwd_partials_*``) with one chunk a row writes each
-    row's (sum, top) as two doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for
-    log_softmax the max of y, NaN where y holds NaN. The second (``ps_bwd_finish_*``) is given each
-    row's total as its single chunk's pair. ``top`` tells the finish two things, neither of which
-    needs a collective beside the one all_reduce of the sums:
+    Forward: the first pass (``ps_split_partials_*``) writes each chunk's (m, d); the second
+    (``ps_split_normalize_*``), given the row's (M, D), normalises each chunk.
+
+    Backward: the gradient's first pass (``ps_bwd_partials_*``) writes each chunk's (sum, top) as two
+    doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for log_softmax the max of y,
+    NaN where y holds NaN. The second (``ps_bwd_finish_*``) is given each row's total. ``top`` tells
+    the finish two things, neither of which needs a collective beside the one all_reduce of the sums:
 
     * NaN: ``grad_dot`` folds a NaN top into the row's sum, which the all_reduce (SUM) then makes
       NaN on every rank, and a NaN sum makes the whole row's dx NaN, as a NaN top would;
@@ -167,52 +170,50 @@ class KernelMath(TorchMath):
         return (axis == x.dim() - 1 and x.is_contiguous() and x.numel() > 0
                 and str(x.dtype).removeprefix("torch.") in ("float16", "bfloat16", "float32", "float64"))
 
-    def _plan_parts(self, x: Tensor, y_ptr: int, op: str, safe: bool):
-        from . import _variants as V
+    def _split_passes(self, x: Tensor, y_ptr: int, op: str, safe: bool):
+        """(dtype, rows, chunks, the partials pass, the normalise pass) of the forward's two-pass
+        split for these addresses (planner.plan_split_passes)."""
         from ._arrays import element_misalign
-        from .planner import RowProblem, choose_vec, slots_needed
+        from .planner import Plan, RowProblem, plan_split_passes
 
         dtype = str(x.dtype).removeprefix("torch.")
         cols = x.shape[-1]
         rows = x.numel() // cols
         p = RowProblem(dtype, op, rows, cols, cols, cols, element_misalign(x.data_ptr(), dtype),
                        element_misalign(y_ptr, dtype), safe)
-        vec = choose_vec(p)
-        threads = min(self.profile.max_threads_per_block, 512)
-        grid = max(1, min(rows, 4 * self.profile.multiprocessors, self.profile.max_grid_x))
-        return V, dtype, rows, cols, vec, slots_needed(p, vec), threads, grid
+        both = plan_split_passes(p, self.profile)
+        first, second = (Plan("split", (step,), scratch_zeroed=False) for step in both.launches)
+        return dtype, rows, both.notes["chunks"], first, second
 
     def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
         import torch
 
-        from .planner import I64, Launch, Plan
-
         if not self._rows(x, axis):
             return super().partials(x, axis)
-        V, dtype, rows, cols, vec, slots, threads, grid = self._plan_parts(x, x.data_ptr(), "softmax", False)
-        pairs = torch.empty(rows, 2, dtype=compute_dtype(x.dtype), device=x.device)
-        step = Launch(V.split_partials_name(dtype, self.profile.warp_size, vec), grid, threads, 0,
-                      (("ptr", "x"), ("ptr", "partials"), (I64, rows), (I64, cols), (I64, cols), (I64, slots),
-                       (I64, 1)))
-        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
-                    {"x": x.data_ptr(), "partials": pairs.data_ptr()})
-        return pairs[:, 0].view(x.shape[:-1]), pairs[:, 1].view(x.shape[:-1])
+        dtype, rows, chunks, first, _ = self._split_passes(x, x.data_ptr(), "softmax", False)
+        pairs = torch.empty(rows, chunks, 2, dtype=compute_dtype(x.dtype), device=x.device)
+        self.launch(first, dtype, {"x": x.data_ptr(), "partials": pairs.data_ptr()})
+        if chunks > 1:  # few rows, cut into several chunks each: their pairs merged here
+            m, d = self.merge(pairs[:, :, 0].t(), pairs[:, :, 1].t())
+        else:
+            m, d = pairs[:, 0, 0], pairs[:, 0, 1]
+        return m.view(x.shape[:-1]), d.view(x.shape[:-1])
 
     def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
         import torch
 
-        from .planner import I32, I64, Launch, Plan
-
         if not self._rows(x, axis):
             return super().finish(x, m, d, op, safe, axis)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        V, dtype, rows, cols, vec, slots, threads, grid = self._plan_parts(x, y.data_ptr(), op, safe)
-        pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype)).contiguous()
-        step = Launch(V.split_normalize_name(dtype, op, self.profile.warp_size, vec), grid, threads, 0,
-                      (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, rows), (I64, cols), (I64, cols),
-                       (I64, cols), (I64, slots), (I64, 1), (I32, int(safe and op == "softmax"))))
-        self.launch(Plan("split", (step,), scratch_zeroed=False), dtype,
-                    {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
+        dtype, rows, chunks, _, second = self._split_passes(x, y.data_ptr(), op, safe)
+        # the row's (M, D) as its first chunk's pair, the monoid's identity (-inf, 0) as the others':
+        # each chunk's block merges them into (M, D) exactly
+        pairs = torch.zeros(rows, chunks, 2, dtype=compute_dtype(x.dtype), device=x.device)
+        if chunks > 1:
+            pairs[:, 1:, 0] = float("-inf")
+        pairs[:, 0, 0] = m.reshape(-1)
+        pairs[:, 0, 1] = d.reshape(-1)
+        self.launch(second, dtype, {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
         if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
             y.masked_fill_((m == float("-inf")).unsqueeze(-1), float("-inf"))
         return y
@@ -233,17 +234,20 @@ class KernelMath(TorchMath):
         misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
         both = plan_split_passes(GradRowProblem(dtype, op, rows, cols, None, misaligns, safe), self.profile)
         sums_pass, finish_pass = (Plan("split", (step,), scratch_zeroed=False) for step in both.launches)
-        return dtype, rows, sums_pass, finish_pass
+        return dtype, rows, both.notes["chunks"], sums_pass, finish_pass
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
         if not self._grad_rows(dy, y, axis):
             return super().grad_dot(dy, y, op, axis)
-        dtype, rows, sums_pass, _ = self._grad_passes(op, dy, y, dy.data_ptr())
-        sums = torch.empty(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top) a row
+        dtype, rows, chunks, sums_pass, _ = self._grad_passes(op, dy, y, dy.data_ptr())
+        sums = torch.empty(rows, chunks, 2, dtype=torch.float64, device=y.device)  # (sum, top) a chunk
         self.launch(sums_pass, dtype, {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
-        total, top = sums[:, 0], sums[:, 1]
+        if chunks > 1:  # few rows, cut into several chunks each
+            total, top = sums[:, :, 0].sum(dim=1), sums[:, :, 1].amax(dim=1)  # amax keeps NaN
+        else:
+            total, top = sums[:, 0, 0], sums[:, 0, 1]
         # a fresh contiguous tensor for the all_reduce; log_softmax's NaN top folded into the sum
         s = torch.where(top.isnan(), top, total) if op == "log_softmax" else total.clone()
         return s.view(y.shape[:-1])
@@ -256,11 +260,14 @@ class KernelMath(TorchMath):
             return super().grad_finish(dy, y, s, op, axis, empty)
         dx = torch.empty_like(y, memory_format=torch.contiguous_format)
         safe = empty is not None and op == "log_softmax"
-        dtype, rows, _, finish_pass = self._grad_passes(op, dy, y, dx.data_ptr(), safe)
-        sums = torch.zeros(rows, 2, dtype=torch.float64, device=y.device)  # (sum, top = 0) a row
-        sums[:, 0] = s.reshape(-1)
+        dtype, rows, chunks, _, finish_pass = self._grad_passes(op, dy, y, dx.data_ptr(), safe)
+        # the row's (sum, top = 0) as its first chunk's, (0, -inf) as the others': merged, the row's
+        sums = torch.zeros(rows, chunks, 2, dtype=torch.float64, device=y.device)
+        if chunks > 1:
+            sums[:, 1:, 1] = float("-inf")
+        sums[:, 0, 0] = s.reshape(-1)
         if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
-            sums[:, 1].masked_fill_(empty.reshape(-1), float("-inf"))
+            sums[:, 0, 1].masked_fill_(empty.reshape(-1), float("-inf"))
         self.launch(finish_pass, dtype,
                     {"dy": dy.data_ptr(), "y": y.data_ptr(), "dx": dx.data_ptr(), "sums": sums.data_ptr()})
         if empty is not None and not safe:  # softmax: y = 0 on such rows already; 0 even where dy is not finite

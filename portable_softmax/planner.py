@@ -1324,6 +1324,22 @@ def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
     return first_rule(ROW_RULES, rows).build(rows).resolve()
 
 
+def plan_split_passes(problem: RowProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
+    """The two-pass split of contiguous rows, whatever their length, for a caller that combines each
+    row's pairs between the passes (the sharded softmax's collective): the first launch writes each
+    chunk's (m, d) to ``partials`` (rows x ``notes["chunks"]`` pairs, a row's chunks side by side), the
+    second normalises each chunk with the row's pairs as it then finds them there. One chunk a row
+    where the rows fill the device, more where they are few.
+
+    >>> p = plan_split_passes(RowProblem("bfloat16", "softmax", rows=2, cols=5_000_000), DeviceProfile.h100())
+    >>> [launch.kernel for launch in p.launches], p.notes["chunks"] > 100
+    (['ps_split_partials_bf16_w32_v8', 'ps_split_normalize_bf16_softmax_w32_v8'], True)
+    """
+    _check_common(problem.dtype, problem.op, device)
+    t = default_tuning(device) if tuning is None else tuning
+    return _two_pass_split(_Rows(t, problem, device)).resolve()
+
+
 def _sm_version(device: DeviceProfile) -> int:
     """The NVIDIA compute capability as a number (sm_90a: 90); 0 for other vendors."""
     digits = device.arch.removeprefix("sm_").rstrip("af")

@@ -238,13 +238,14 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
-    """The two-pass split with one chunk a row, whatever the rows' length: the first launch writes
-    each row's GradSum to ``sums`` (two doubles a row), the second finishes the row from it, so
-    that a caller may combine the sums between the two (the sharded softmax's all_reduce)."""
+    """The two-pass split, whatever the rows' length, for a caller that combines each row's sums
+    between the passes (the sharded softmax's all_reduce): the first launch writes each chunk's
+    GradSum to ``sums`` (two doubles a chunk, a row's ``notes["chunks"]`` chunks side by side), the
+    second finishes each chunk from the row's sums as it then finds them there. One chunk a row
+    where the rows fill the device, more where they are few."""
     _check(problem.dtype, problem.op, device)
     vec = grad_vector_width(problem)
-    one_chunk = GradTuning(split_blocks_per_multiprocessor=0)  # no more chunks wanted than one a row
-    return _split(one_chunk, problem, device, _Shape(vec, grad_slots(problem, vec)))
+    return _split(GradTuning(), problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
 def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:

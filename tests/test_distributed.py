@@ -473,12 +473,15 @@ def _offset_rows(t: torch.Tensor, offset: int) -> torch.Tensor:
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
-    """partials with one chunk a row, and finish given one merged (M, D) a row, by the split kernels."""
+    """partials and finish given one merged (M, D) a row, by the split kernels: one chunk a row, and
+    (two long rows) several chunks a row whose pairs merge on the host side."""
     from portable_softmax import _sharded
+    from portable_softmax.planner import RowProblem, plan_split_passes
 
     math = _emulated_math(emulated[warp])
     torch_dtype = getattr(torch, dtype)
-    for rows, cols, offset in ((5, 1000, 0), (3, 37, 1), (4, 3000, 3), (1, 5, 0)):
+    assert plan_split_passes(RowProblem(dtype, "softmax", 2, 40000), math.profile).notes["chunks"] > 1
+    for rows, cols, offset in ((5, 1000, 0), (3, 37, 1), (4, 3000, 3), (1, 5, 0), (2, 40000, 1)):
         x64 = torch.from_numpy(rng.standard_normal((rows, cols)) * 4)
         x64[0, : cols // 2] = NEG_INF  # part of a row -inf
         if rows > 2:
@@ -605,9 +608,13 @@ def _grad_shapes():
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", GRAD_DTYPES)
 def test_kernel_math_gradient_matches_torch_math(emulated, warp, dtype, rng):
-    """grad_dot by the gradient's split partials (one chunk a row) and grad_finish by its finish (the
-    row total as the single chunk's pair), in the SIMT emulation at warp 32 and 64."""
+    """grad_dot by the gradient's split partials and grad_finish by its finish (the row total as the
+    first chunk's pair), in the SIMT emulation at warp 32 and 64; rows of 50257 take several chunks."""
+    from portable_softmax.planner_backward import GradRowProblem, plan_split_passes
+
     math, names = _counting(_emulated_math(emulated[warp]))
+    wide = GradRowProblem(dtype, "softmax", 5, 50257, None, (3, 3, 3), False)
+    assert plan_split_passes(wide, math.profile).notes["chunks"] > 1
     for op in OPS:
         for rows, cols, dy_at, y_at in _grad_shapes():
             dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cpu")
