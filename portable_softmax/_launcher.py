@@ -86,6 +86,7 @@ class LauncherCache:
         return [k for k, v in list(self.entries.items()) if v[2] == stream_key]
 
     def clear(self) -> None:
+        """Forget every entry (a stream-ordered allocator reuses their scratch after queued launches)."""
         self.entries.clear()
 
     def _retired(self, device_key: tuple[str, int], stream_key: StreamKey, drained: bool) -> None:

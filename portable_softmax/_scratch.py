@@ -179,7 +179,8 @@ class ScratchPool:
         return len(self._kept_alive)
 
     def clear(self) -> None:
-        """Forget every buffer (the device memory goes once no launch holds it)."""
+        """Forget every buffer, outgrown ones too: only where no queued launch can use them (the
+        device synchronized)."""
         self._held.clear()
         self._idle.clear()
         self._kept_alive.clear()

@@ -16,7 +16,7 @@ from portable_softmax import api
 PACKAGE = Path(ps.__file__).resolve().parent
 #: the core: what the adapters sit on
 CORE = ("api", "_backward", "_probe", "_launch", "_cuda", "_hip", "planner", "planner_backward", "layout",
-        "_arrays", "_dtypes", "reference", "_variants")
+        "_arrays", "_dtypes", "reference", "_variants", "_scratch", "_launcher")
 ADAPTERS = ("_torch_op", "_jax", "_jax_ffi")
 
 # The package's __init__ imports the torch adapter; a stand-in package object with the same

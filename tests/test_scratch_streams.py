@@ -7,12 +7,13 @@ launches kept for an earlier one."""
 
 from __future__ import annotations
 
+import doctest
 import threading
 
 import numpy as np
 import pytest
 
-from portable_softmax import api
+from portable_softmax import _launcher, _scratch, api
 from portable_softmax._launcher import LauncherCache
 from portable_softmax._scratch import PER_THREAD_DEFAULT_STREAM, ScratchPool
 
@@ -178,6 +179,12 @@ def test_ordinary_streams_are_not_drained_at_thread_end(pool, kept):
     rt = FakeRuntime()
     _pointer_in_new_thread(pool, kept, 4096, 0x100, rt)
     assert rt.drained == [] and 0x100 in pool.held("cuda", 0)
+
+
+@pytest.mark.parametrize("module", [_scratch, _launcher], ids=lambda m: m.__name__)
+def test_the_modules_examples_run(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 # ---- the launcher cache -----------------------------------------------------------------------------
