@@ -1432,15 +1432,65 @@ PS_DEVICE void block_rows_registers(const T* x, T* y, i64 rows, i64 cols, i64 x_
 // ---- a row split across blocks: two passes ------------------------------------------------
 // Pass 1 writes one (m, d) per chunk of chunk_slots slots; pass 2 merges the
 // row's partials with the monoid and normalises its chunk.
+// 16-bit slots carry twice the values a byte of 32-bit ones: their thread's four slots in flight are
+// taken together, the max first (packed pairs where native), then one rescale, one exp a value
+// and one compensated add for all 32 values, where a slot at a time rescales and adds four times.
 template <typename T, int VEC>
 PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, i64 begin, i64 end) {
   typedef typename compute_of<T>::type C;
   OnlineSum<C> acc;
-  for_each_slot<4>(rs, begin, end, [&](i64, const Vec<T, VEC>& raw) {
-    C v[VEC];
-    widen(raw, v);
-    acc.template push_all<VEC>(v);
-  });
+  if constexpr (kTwoPassChunk<T, VEC>) {
+    constexpr int kDepth = 4, kWords = VEC / 2;
+    const i64 step = PS_BLOCK_DIM_X;
+    for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += kDepth * step) {
+      Vec<T, VEC> raw[kDepth];
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) raw[u] = k0 + u * step < end ? rs.load_raw(k0 + u * step) : neg_inf_vec<T, VEC>();
+      C top;
+      if constexpr (PackedMax<T>::native) {
+        unsigned w[kDepth][kWords];
+        memcpy(w, raw, sizeof(w));
+#pragma unroll
+        for (int u = 1; u < kDepth; ++u) {
+#pragma unroll
+          for (int k = 0; k < kWords; ++k) w[0][k] = PackedMax<T>::max(w[0][k], w[u][k]);
+        }
+#pragma unroll
+        for (int k = 1; k < kWords; ++k) w[0][0] = PackedMax<T>::max(w[0][0], w[0][k]);
+        Vec<T, 2> pair;
+        memcpy(&pair, &w[0][0], 4);
+        C two[2];
+        widen(pair, two);
+        top = ps_max_nan(two[0], two[1]);
+      } else {
+        top = ps_neg_inf<C>();
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          C v[VEC];
+          widen(raw[u], v);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) top = ps_max_nan(top, v[j]);
+        }
+      }
+      acc.raise_to(top);
+      const ExpMinus<C> exp_minus(acc.m);
+      C sum = C(0);
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        C v[VEC];
+        widen(raw[u], v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += exp_minus(v[j]);
+      }
+      acc.add(sum);
+    }
+  } else {
+    for_each_slot<4>(rs, begin, end, [&](i64, const Vec<T, VEC>& raw) {
+      C v[VEC];
+      widen(raw, v);
+      acc.template push_all<VEC>(v);
+    });
+  }
   return acc.md();
 }
 
