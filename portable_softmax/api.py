@@ -421,8 +421,10 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
     entry = None
-    # a call the repeat path can take next time: its launcher built, kept and replayed now; where the
-    # output is made whole afterwards (safe log_softmax), or the input or out was copied, one launch
+    # A call the repeat path can take next time builds its launcher (in `launchers`) and replays it
+    # now; one whose output is made whole afterwards (safe log_softmax), or whose input or out was
+    # copied, launches once. A contiguous input's empty_like is the output the launcher was planned
+    # for (cupy's repeat call allocates with cupy.empty, C-contiguous whatever the input).
     if src.array is original and (dst is None or target is dst) and not (op == "log_softmax" and safe) \
             and _preparable(original, out):
         contiguous = True if type(original) is _CUPY_NDARRAY else original.is_contiguous()
