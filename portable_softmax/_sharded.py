@@ -33,6 +33,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 Tensor = Any  # torch.Tensor; torch is imported lazily
@@ -134,6 +135,16 @@ class TorchMath:
 TORCH = TorchMath()
 
 
+@functools.lru_cache(maxsize=512)
+def _passes(planner, problem, profile) -> tuple:
+    """(chunks, first pass, second pass) of a two-pass split plan, each pass a Plan of its own (the
+    collective runs between them), kept per problem: a repeat call plans nothing."""
+    from .planner import Plan
+
+    both = planner(problem, profile)
+    return (both.notes["chunks"], *(Plan("split", (step,), scratch_zeroed=False) for step in both.launches))
+
+
 class KernelMath(TorchMath):
     """The local steps by the package's two-pass split kernels, on rows along the last axis of
     contiguous tensors (other layouts, and the merge of the gathered pairs, as TorchMath).
@@ -174,16 +185,14 @@ class KernelMath(TorchMath):
         """(dtype, rows, chunks, the partials pass, the normalise pass) of the forward's two-pass
         split for these addresses (planner.plan_split_passes)."""
         from ._arrays import element_misalign
-        from .planner import Plan, RowProblem, plan_split_passes
+        from .planner import RowProblem, plan_split_passes
 
         dtype = str(x.dtype).removeprefix("torch.")
         cols = x.shape[-1]
         rows = x.numel() // cols
         p = RowProblem(dtype, op, rows, cols, cols, cols, element_misalign(x.data_ptr(), dtype),
                        element_misalign(y_ptr, dtype), safe)
-        both = plan_split_passes(p, self.profile)
-        first, second = (Plan("split", (step,), scratch_zeroed=False) for step in both.launches)
-        return dtype, rows, both.notes["chunks"], first, second
+        return (dtype, rows, *_passes(plan_split_passes, p, self.profile))
 
     def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
         import torch
@@ -208,11 +217,12 @@ class KernelMath(TorchMath):
         dtype, rows, chunks, _, second = self._split_passes(x, y.data_ptr(), op, safe)
         # the row's (M, D) as its first chunk's pair, the monoid's identity (-inf, 0) as the others':
         # each chunk's block merges them into (M, D) exactly
-        pairs = torch.zeros(rows, chunks, 2, dtype=compute_dtype(x.dtype), device=x.device)
+        pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype)).unsqueeze(1)
         if chunks > 1:
-            pairs[:, 1:, 0] = float("-inf")
-        pairs[:, 0, 0] = m.reshape(-1)
-        pairs[:, 0, 1] = d.reshape(-1)
+            identity = torch.zeros(rows, chunks - 1, 2, dtype=pairs.dtype, device=x.device)
+            identity[:, :, 0] = float("-inf")
+            pairs = torch.cat((pairs, identity), dim=1)
+        pairs = pairs.contiguous()
         self.launch(second, dtype, {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
         if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
             y.masked_fill_((m == float("-inf")).unsqueeze(-1), float("-inf"))
@@ -222,19 +232,17 @@ class KernelMath(TorchMath):
         return self._rows(y, axis) and dy.dtype == y.dtype and dy.shape == y.shape and dy.is_contiguous()
 
     def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx_ptr: int, safe: bool = False):
-        """(dtype, rows, the sums pass, the finish pass) of the gradient's two-pass split with one
-        chunk a row, planned for these addresses."""
+        """(dtype, rows, chunks, the sums pass, the finish pass) of the gradient's two-pass split for
+        these addresses (planner_backward.plan_split_passes)."""
         from ._arrays import element_misalign
-        from .planner import Plan
         from .planner_backward import GradRowProblem, plan_split_passes
 
         dtype = str(y.dtype).removeprefix("torch.")
         cols = y.shape[-1]
         rows = y.numel() // cols
         misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
-        both = plan_split_passes(GradRowProblem(dtype, op, rows, cols, None, misaligns, safe), self.profile)
-        sums_pass, finish_pass = (Plan("split", (step,), scratch_zeroed=False) for step in both.launches)
-        return dtype, rows, both.notes["chunks"], sums_pass, finish_pass
+        problem = GradRowProblem(dtype, op, rows, cols, None, misaligns, safe)
+        return (dtype, rows, *_passes(plan_split_passes, problem, self.profile))
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
