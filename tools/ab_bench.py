@@ -94,7 +94,7 @@ def use(settings: dict, defaults: dict) -> None:
     planner.default_tuning = COMMITTED_TUNING if not settings else (
         lambda device: variant_tuning(settings, device))
     set_attributes(settings, defaults)
-    api._prepared.clear()  # launches prepared under the other settings
+    api.launchers.clear()  # launchers built under the other settings
 
 
 def scan_specs(text: str) -> list[str]:
