@@ -174,6 +174,12 @@ class CudaRuntime(DriverRuntime):
     def _switch_to(self, device: int):
         return self.cupy.cuda.Device(device)  # restores the previous device on exit
 
+    def bind(self, device: int) -> None:
+        # A thread may report a device without holding its context (torch's autograd thread for
+        # device 0 skips cudaSetDevice as a no-op): cudaSetDevice binds the primary context.
+        if self.driver.ctxGetCurrent() == 0 and self.current_device() == device:
+            self.cupy.cuda.runtime.setDevice(device)
+
     def _find_entry_point(self, symbol: str) -> int | None:
         return cuda_launch_entry_point(symbol)
 

@@ -155,9 +155,14 @@ class DriverRuntime:
         raise NotImplementedError
 
     # ---- shared ---------------------------------------------------------------------------------
+    def bind(self, device: int) -> None:
+        """Make sure the calling thread holds the device's context where it already reports the device
+        (a driver launch needs one): nothing where the vendor binds it itself."""
+
     def _on(self, device: int) -> contextlib.AbstractContextManager:
-        """A context in which ``device`` is current: nothing to do where it is already."""
+        """A context in which ``device`` is current: bound where it is already."""
         if self.device_count == 1 or self.current_device() == device:
+            self.bind(device)
             return contextlib.nullcontext()
         return self._switch_to(device)
 

@@ -224,9 +224,29 @@ def _backward(ctx, grad):
     return dx, None, None, None
 
 
+_bound = threading.local()  # the devices whose context this thread has bound
+
+
+def _bind_device(t) -> None:
+    """Bind the device's context on this thread once (torch's autograd thread for a device may hold
+    none, and a gradient's kept launcher, built on another thread, launches through the driver)."""
+    devices = _bound.__dict__.setdefault("devices", set())
+    if not t.is_cuda or t.device.index in devices:
+        return
+    devices.add(t.device.index)
+    from . import _probe
+
+    try:
+        rt = _probe.runtime("hip" if getattr(torch_module().version, "hip", None) else "cuda")
+    except _probe.BackendUnavailableError:
+        return  # the gradient takes torch's path, which binds its own
+    rt.bind(t.device.index)
+
+
 def _gradient(grad, y, dim: int, op: str):
     from ._backward import log_softmax_backward, softmax_backward
 
+    _bind_device(y)
     return (softmax_backward if op == "softmax" else log_softmax_backward)(grad, y, dim)
 
 

@@ -170,6 +170,38 @@ def test_torch_autograd_runs_the_gradient_kernels(monkeypatch, rng, op, dtype):
     assert calls == [op] * 3
 
 
+AUTOGRAD_THREAD = """
+import torch, portable_softmax as ps
+x = torch.randn(256, 1000, device="cuda") * 3
+w = torch.randn_like(x)
+y = ps.softmax(x, 1)
+{first}
+xa = x.clone().requires_grad_()
+(ps.softmax(xa, 1) * w).sum().backward()  # dx on torch's autograd thread for the device
+torch.testing.assert_close(xa.grad, ps.softmax_backward(w, y, 1), atol=0, rtol=0)
+xr = x.clone().requires_grad_()
+(torch.softmax(xr, 1) * w).sum().backward()
+torch.testing.assert_close(xa.grad, xr.grad, atol=1e-5, rtol=1e-4)
+print("autograd thread ok")
+"""
+
+
+@needs_cuda
+@pytest.mark.parametrize("first", ["", "ps.softmax_backward(w, y, 1); torch.cuda.synchronize()"],
+                         ids=["first-gradient-on-the-autograd-thread", "launcher-kept-from-the-main-thread"])
+def test_gradients_on_torchs_fresh_autograd_thread(first):
+    """A fresh process: torch's autograd thread for device 0 starts without the device's context bound
+    (it reports device 0 already, so torch skips cudaSetDevice); its first gradient, planned there or
+    replaying a launcher the main thread kept, still launches."""
+    import subprocess
+    import sys
+
+    _torch_cuda()
+    done = subprocess.run([sys.executable, "-c", AUTOGRAD_THREAD.format(first=first)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "autograd thread ok" in done.stdout, done.stdout + done.stderr
+
+
 @needs_cuda
 @pytest.mark.parametrize("library", ["torch", "cupy"])
 @pytest.mark.parametrize("op", FNS)
