@@ -481,6 +481,10 @@ class StubDriver:
 
     def __init__(self):
         self.calls = []
+        self.context = 0x1  # the calling thread's current context; 0: none bound
+
+    def ctxGetCurrent(self):  # noqa: N802
+        return self.context
 
     def launchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
         self.calls.append(dict(function=fn, grid=(gx, gy, gz), block=(bx, by, bz), shared_bytes=smem,
@@ -518,7 +522,9 @@ class StubCuda(_cuda.CudaRuntime):
             def __exit__(self, *exc):
                 return False
 
-        self.cupy = SimpleNamespace(cuda=SimpleNamespace(Device=Device))
+        self.bound = []
+        self.cupy = SimpleNamespace(cuda=SimpleNamespace(
+            Device=Device, runtime=SimpleNamespace(setDevice=self.bound.append)))
 
     def function(self, device, dtype, name, shared_mem):
         return 0xF000 + len(name)
@@ -731,3 +737,15 @@ def test_the_python_switch_turns_the_compiled_launcher_off(fl, stub, monkeypatch
     monkeypatch.setenv(_launch.LAUNCHER_ENV, "python")
     assert _launch.compiled_launcher(stub, the_plan, functions, grids) is None
     assert _launch.launcher_status() == f"python ({_launch.LAUNCHER_ENV}=python)"
+
+
+@pytest.mark.parametrize("context, device_now, bound", [(0, 0, [0]), (0x1, 0, []), (0, 1, [])])
+def test_a_launch_binds_the_context_a_thread_lacks_on_its_current_device(context, device_now, bound):
+    """A thread that reports the device but holds no context (torch's autograd thread) gets the
+    primary context bound (cudaSetDevice) before the launch; one that holds a context, or reports
+    another device (whose switch binds it), is left as it is."""
+    rt = StubCuda(entry_point=0, device_now=device_now)
+    rt.driver.context = context
+    the_plan = plan(RowProblem("float32", "softmax", 4096, 1000), DEVICES["h100"])
+    rt.launch(the_plan, "float32", {"x": 0x1000, "y": 0x2000}, 0, 0)
+    assert rt.bound == bound and len(rt.driver.calls) == len(the_plan.launches)

@@ -211,7 +211,8 @@ def test_per_thread_default_streams_of_threads_that_end_and_come_again(rng):
     assert not [k for k in pool.held_streams() if k in keys], "no ended thread keeps a buffer"
     # a thread's repeat calls replay a launcher with scratch of its own, bound to its stream:
     # dropped once the thread has ended, as it could never run again
-    assert all(kept_launches), "a thread kept no launcher for its stream: the drop went untested"
+    # (a wave's threads share the layout's key: the first to build keeps it, the others launch once)
+    assert any(kept_launches), "no thread kept a launcher for its stream: the drop went untested"
     assert not [k for k in keys if api.launchers.bound_to(k)], "no ended thread keeps launchers"
 
 
