@@ -398,9 +398,6 @@ class Tuning:
     cached_threads_by_itemsize: SizeMap = SizeMap({4: 384})
     #: chunks a multiprocessor that a few rows make at least (smaller chunks spread them)
     split_min_chunks_per_sm: int = 2
-    #: threads of a two-pass split block; 16-bit elements in smaller blocks (more of them resident)
-    split_threads: int = 512
-    split_threads_by_itemsize: SizeMap = SizeMap({2: 256})
     #: rows taking more than one and at most this many rounds of the resident grid are cut into
     #: more, smaller chunks so that every round takes as many rows (these element sizes)
     split_even_rounds_most: float = 1.65
@@ -1271,7 +1268,7 @@ def _two_pass_split(r: _Rows) -> Draft:
     """Rows too long to keep on chip, streamed twice (partials, then normalize), in enough chunks
     for several full waves of resident blocks (a last wave half full would idle half the device)."""
     t, p, device, vec, slots = r.t, r.p, r.device, r.vec, r.slots
-    threads = min(device.max_threads_per_block, t.split_threads_by_itemsize.get(r.itemsize, t.split_threads))
+    threads = min(device.max_threads_per_block, 512)
     resident = device.multiprocessors * max(1, device.max_threads_per_multiprocessor // threads)
     min_chunk = 4 * threads  # each thread streams at least four slots per chunk
     max_chunk = 64 * threads
