@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from portable_softmax import planner, reference
+from portable_softmax import api, planner, reference
 from portable_softmax._dtypes import host_dtype
 from portable_softmax._tolerance import ATOL, RTOL, ULP_BOUND, outside  # noqa: F401  (the package's bounds)
 from portable_softmax.planner import DEFAULT_TUNING, DeviceProfile, RowProblem, Tuning, default_tuning, plan
@@ -112,3 +112,13 @@ def gradient_reference(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.
         dx = d - np.exp(w) * np.sum(d, axis=axis, keepdims=True)
         dx = np.where(np.isnan(w).any(axis=axis, keepdims=True), np.nan, dx)
         return np.where(np.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
+
+
+def keep_recording_launcher(key, bound_to=None, contiguous=True) -> list:
+    """A launcher kept under key as LauncherCache.build keeps one, recording the pointers and stream
+    of each call in the list returned."""
+    launched = []
+    api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), contiguous, bound_to, None,
+                                  ("cuda", 0))
+    return launched
+

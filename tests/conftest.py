@@ -99,3 +99,19 @@ def pytest_configure(config):
     compiled something would report hundreds of "DEBUG torch.__trace" lines."""
     if config.getoption("log_level") is None and not config.getini("log_level"):
         config.option.log_level = "INFO"
+
+
+@pytest.fixture
+def torch_repeat_path(monkeypatch):
+    """api's repeat-call paths with torch seen, an empty launcher cache, and the current stream 7 on
+    every device (torch's reader needs a GPU); CPU tensors stand in for CUDA ones."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    api.launchers.clear()
+    monkeypatch.setattr(api, "_TORCH", torch)
+    monkeypatch.setattr(api, "_TORCH_TENSOR", torch.Tensor)
+    monkeypatch.setattr(api, "_torch_is_compiling", torch.compiler.is_compiling)
+    monkeypatch.setattr(api, "_TORCH_FORWARD_AD", torch.autograd.forward_ad)
+    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
+    yield torch
+    api.launchers.clear()  # the recording launchers go with the test
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from checks import keep_recording_launcher
 
 import portable_softmax as ps
 from portable_softmax import _backward, _probe, api
@@ -235,36 +236,15 @@ def test_the_repeat_paths_keys_are_the_key_builders(world):
                                                                  FakeCupyArray((4, 8), ptr=3 << 24))]
 
 
-@pytest.fixture
-def torch_seen(monkeypatch):
-    """api with torch seen and the current stream 7 on every device (torch's reader needs a GPU);
-    CPU tensors stand in for CUDA ones, with launchers kept under their keys by the test."""
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    api.launchers.clear()
-    monkeypatch.setattr(api, "_TORCH", torch)
-    monkeypatch.setattr(api, "_TORCH_TENSOR", torch.Tensor)
-    monkeypatch.setattr(api, "_torch_is_compiling", torch.compiler.is_compiling)
-    monkeypatch.setattr(api, "_TORCH_FORWARD_AD", torch.autograd.forward_ad)
-    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
-    yield torch
-    api.launchers.clear()
-
-
-def _keep(key, bound_to=None, contiguous=True):
-    launched = []
-    api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), contiguous, bound_to, None, ("cuda", 0))
-    return launched
-
-
-def test_a_torch_gradients_repeat_call_replays_the_launcher_kept_for_its_layouts(torch_seen, monkeypatch):
-    torch = torch_seen
+def test_a_torch_gradients_repeat_call_replays_the_launcher_kept_for_its_layouts(torch_repeat_path, monkeypatch):
+    torch = torch_repeat_path
     dy, y = torch.randn(4, 8), torch.randn(4, 8)
-    launched = _keep(_backward._repeat_key(dy, y, -1, "softmax"))
+    launched = keep_recording_launcher(_backward._repeat_key(dy, y, -1, "softmax"))
     dx = ps.softmax_backward(dy, y)
     assert dx.shape == (4, 8) and dx.dtype == dy.dtype and dx.is_contiguous()
     assert launched == [(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), 7)]
     out = torch.empty(4, 8)
-    with_out = _keep(_backward._repeat_key(dy, y, -1, "softmax", out), bound_to=5)
+    with_out = keep_recording_launcher(_backward._repeat_key(dy, y, -1, "softmax", out), bound_to=5)
     assert _backward._repeat_torch(dy, y, -1, "softmax", out) is None  # bound to stream 5, the current is 7
     monkeypatch.setattr(api, "_current_stream", lambda device: 5)
     assert ps.softmax_backward(dy, y, out=out) is out and with_out == [(dy.data_ptr(), y.data_ptr(), out.data_ptr(), 5)]
@@ -278,10 +258,10 @@ def test_a_torch_gradients_repeat_call_replays_the_launcher_kept_for_its_layouts
     assert len(launched) == 1
 
 
-def test_a_torch_gradient_of_a_transposed_dy_gets_a_contiguous_dx(torch_seen):
+def test_a_torch_gradient_of_a_transposed_dy_gets_a_contiguous_dx(torch_repeat_path):
     """A non-contiguous dy's entry (contiguous False) allocates the C-contiguous dx it was planned for."""
-    torch = torch_seen
+    torch = torch_repeat_path
     dy, y = torch.randn(8, 4).t(), torch.randn(4, 8)
-    launched = _keep(_backward._repeat_key(dy, y, -1, "log_softmax"), contiguous=False)
+    launched = keep_recording_launcher(_backward._repeat_key(dy, y, -1, "log_softmax"), contiguous=False)
     dx = ps.log_softmax_backward(dy, y)
     assert dx.is_contiguous() and launched == [(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), 7)]

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from checks import keep_recording_launcher
 
 from portable_softmax import _launcher, _scratch, api
 from portable_softmax._launcher import LauncherCache
@@ -246,32 +247,10 @@ def test_entries_of_a_thread_that_cannot_be_drained_keep_their_scratch_alive(poo
     assert "mine" not in cache and pool.kept_alive() == 1
 
 
-@pytest.fixture
-def prepared_torch(monkeypatch):
-    """api's repeat-call path with torch seen, an empty launcher cache, and the current stream 7 on every
-    device (torch's reader needs a GPU); CPU tensors stand in for CUDA ones."""
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    api.launchers.clear()
-    monkeypatch.setattr(api, "_TORCH", torch)
-    monkeypatch.setattr(api, "_TORCH_TENSOR", torch.Tensor)
-    monkeypatch.setattr(api, "_torch_is_compiling", torch.compiler.is_compiling)
-    monkeypatch.setattr(api, "_TORCH_FORWARD_AD", torch.autograd.forward_ad)
-    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
-    yield torch
-    api.launchers.clear()  # the recording launchers go with the test
-
-
-def _keep(key, bound_to=None):
-    """A recording launcher kept under key, as LauncherCache.build keeps one."""
-    launched = []
-    api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), True, bound_to, None, ("cuda", 0))
-    return launched
-
-
-def test_an_out_call_replays_the_launches_kept_for_its_and_outs_layout(prepared_torch):
-    torch = prepared_torch
+def test_an_out_call_replays_the_launches_kept_for_its_and_outs_layout(torch_repeat_path):
+    torch = torch_repeat_path
     x, out = torch.randn(4, 8), torch.empty(4, 8)
-    launched = _keep(api._prepared_key(x, -1, "softmax", False, out))
+    launched = keep_recording_launcher(api._prepared_key(x, -1, "softmax", False, out))
     import portable_softmax as ps
 
     assert ps.softmax(x, out=out) is out  # the public entry point takes them, and returns out itself
@@ -292,10 +271,10 @@ def test_an_out_call_replays_the_launches_kept_for_its_and_outs_layout(prepared_
     assert len(launched) == 2
 
 
-def test_an_out_calls_launches_with_scratch_replay_only_on_their_stream(prepared_torch, monkeypatch):
-    torch = prepared_torch
+def test_an_out_calls_launches_with_scratch_replay_only_on_their_stream(torch_repeat_path, monkeypatch):
+    torch = torch_repeat_path
     x, out = torch.randn(4, 8), torch.empty(4, 8)
-    launched = _keep(api._prepared_key(x, 1, "log_softmax", False, out), bound_to=api.stream_key(5))
+    launched = keep_recording_launcher(api._prepared_key(x, 1, "log_softmax", False, out), bound_to=api.stream_key(5))
     assert api._run_prepared(x, 1, "log_softmax", out, False) is None  # the current stream is 7
     monkeypatch.setattr(api, "_current_stream", lambda device: 5)
     assert api._run_prepared(x, 1, "log_softmax", out, False) is out
@@ -354,7 +333,7 @@ def test_a_cupy_repeat_call_replays_the_launches_kept_for_its_layout(prepared_cu
     x = FakeCupyArray((4, 8))
     assert api._preparable(x, None) and api._preparable(x, FakeCupyArray((4, 8)))
     assert not api._preparable(x, np.empty((4, 8), np.float32))  # an out the full path copies into
-    launched = _keep(api._prepared_key(x, -1, "softmax", False))
+    launched = keep_recording_launcher(api._prepared_key(x, -1, "softmax", False))
     y = ps.softmax(x)  # the public entry point takes them
     assert prepared_cupy == [y] and y.shape == (4, 8) and y.dtype == np.float32
     assert launched == [(x.data.ptr, y.data.ptr, 7)]
@@ -378,7 +357,7 @@ def test_a_cupy_repeat_call_replays_the_launches_kept_for_its_layout(prepared_cu
 
 def test_a_cupy_array_on_a_device_not_current_takes_the_full_path(prepared_cupy, monkeypatch):
     x = FakeCupyArray((4, 8), device=1)
-    launched = _keep(api._prepared_key(x, -1, "softmax", False))
+    launched = keep_recording_launcher(api._prepared_key(x, -1, "softmax", False))
     assert api._run_prepared_cupy(x, -1, "softmax", None, False) is None  # cupy would allocate on device 0
     monkeypatch.setattr(api, "_cupy_device", lambda: 1)
     y = api._run_prepared_cupy(x, -1, "softmax", None, False)
@@ -387,7 +366,7 @@ def test_a_cupy_array_on_a_device_not_current_takes_the_full_path(prepared_cupy,
 
 def test_a_cupy_out_call_replays_only_for_out_laid_out_alike_and_on_its_stream(prepared_cupy, monkeypatch):
     x, out = FakeCupyArray((4, 8)), FakeCupyArray((4, 8), ptr=3 << 20)
-    launched = _keep(api._prepared_key(x, 0, "log_softmax", False, out), bound_to=api.stream_key(5))
+    launched = keep_recording_launcher(api._prepared_key(x, 0, "log_softmax", False, out), bound_to=api.stream_key(5))
     assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is None  # the current stream is 7
     monkeypatch.setattr(api, "_cupy_current_stream", lambda: FakeCupyStream(5))
     assert api._run_prepared_cupy(x, 0, "log_softmax", out, False) is out
