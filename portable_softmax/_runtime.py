@@ -219,20 +219,12 @@ class DriverRuntime:
             if self.device_count == 1:
                 return launch  # one device: it is the current one
             current_device, switch_to = self.current_device, self._switch_to
-            if pointers != XY:
-                def on_device(*args: int) -> None:
-                    if current_device() != device:
-                        with switch_to(device):
-                            return launch(*args)
-                    return launch(*args)
 
-                return on_device
-
-            def launcher(x_ptr: int, y_ptr: int, stream: int) -> None:
+            def launcher(*args: int) -> None:
                 if current_device() != device:
                     with switch_to(device):
-                        return launch(x_ptr, y_ptr, stream)
-                return launch(x_ptr, y_ptr, stream)
+                        return launch(*args)
+                return launch(*args)
 
             return launcher
         return self._python_launcher(steps, device, buffers, pointers)

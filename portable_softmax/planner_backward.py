@@ -245,7 +245,7 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
     where the rows fill the device, more where they are few."""
     _check(problem.dtype, problem.op, device)
     vec = grad_vector_width(problem)
-    return _split(GradTuning(), problem, device, _Shape(vec, grad_slots(problem, vec)))
+    return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
 def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
