@@ -174,17 +174,12 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
     misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
     problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
     the_plan = plan_backward(problem, rt.profile(src.device_index))
-    stream, entry = src.stream(), None
+    key = None
     # a call the repeat path can take next time (nothing copied): its launcher built, kept and replayed
     if src.array is dy and ys.array is y and (dst is None or target is dst) and type(y) is type(dy) \
             and api._preparable(dy, out):
-        contiguous = True if type(dy) is api._CUPY_NDARRAY else dy.is_contiguous()
         key = _repeat_key(dy, y, axis if given_axis is None else given_axis, op, out)
-        entry = api.launchers.build(key, rt, src, the_plan, stream, GRADIENT_POINTERS, contiguous)
-    if entry is not None:
-        entry[0](src.ptr, ys.ptr, target.ptr, stream)
-    else:
-        api.launch_plan(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, stream)
+    api.launch_keeping(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream(), key)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -198,7 +193,6 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
 # (dtype, shape, strides, alignment), y's (dtype, shape, strides, alignment, device), the axis as
 # the caller wrote it, op and dy's device, then out's five where given: twelve fields, so it never
 # meets a forward key (eight).
-GRADIENT_POINTERS = ("dy", "y", "dx")
 
 
 def _repeat_key(dy, y, axis, op: str, out=None) -> tuple:

@@ -420,20 +420,14 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     problem = problem_for(src.dtype, op, safe, xl, yl, src.ptr, target.ptr)
     the_plan = plan(problem, rt.profile(src.device_index))
     stream = src.stream()
-    entry = None
     # A call the repeat path can take next time builds its launcher (in `launchers`) and replays it
     # now; one whose output is made whole afterwards (safe log_softmax), or whose input or out was
-    # copied, launches once. A contiguous input's empty_like is the output the launcher was planned
-    # for (cupy's repeat call allocates with cupy.empty, C-contiguous whatever the input).
+    # copied, launches once.
+    key = None
     if src.array is original and (dst is None or target is dst) and not (op == "log_softmax" and safe) \
             and _preparable(original, out):
-        contiguous = True if type(original) is _CUPY_NDARRAY else original.is_contiguous()
         key = _prepared_key(original, axis if given_axis is None else given_axis, op, safe, out)
-        entry = launchers.build(key, rt, src, the_plan, stream, contiguous=contiguous)
-    if entry is not None:
-        entry[0](src.ptr, target.ptr, stream)
-    else:
-        _launch(rt, src, the_plan, target.ptr, stream)
+    launch_keeping(rt, src, the_plan, {"x": src.ptr, "y": target.ptr}, stream, key)
     if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
         src.fill_empty_rows(target.array, axis, -float("inf"))
     if dst is not None:
@@ -443,8 +437,22 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     return src.result(target.array)
 
 
-def _launch(rt: Runtime, src: DeviceArray, the_plan: Plan, y_ptr: int, stream: int) -> None:
-    launch_plan(rt, src, the_plan, {"x": src.ptr, "y": y_ptr}, stream)
+def launch_keeping(rt: Runtime, src: DeviceArray, the_plan: Plan, arrays: dict[str, int], stream: int,
+                   key=None) -> None:
+    """The plan's launches with the ``arrays`` pointers (named as the launches name them, in the
+    repeat path's order): through the launcher kept under ``key`` in `launchers`, built now, where
+    one can be kept; else once (launch_plan). A contiguous input's empty_like is the output the
+    launcher was planned for (cupy's repeat call allocates with cupy.empty, C-contiguous whatever
+    the input)."""
+    entry = None
+    if key is not None:
+        original = src.array
+        contiguous = True if type(original) is _CUPY_NDARRAY else original.is_contiguous()
+        entry = launchers.build(key, rt, src, the_plan, stream, tuple(arrays), contiguous)
+    if entry is not None:
+        entry[0](*arrays.values(), stream)
+    else:
+        launch_plan(rt, src, the_plan, dict(arrays), stream)
 
 
 def launch_plan(rt: Runtime, src: DeviceArray, the_plan: Plan, buffers: dict[str, int], stream: int) -> None:
