@@ -14,9 +14,9 @@
 
 namespace ps {
 
-// The sum is taken in double: a log_softmax row's sum of dy can be large beside the exp(y) * sum that
-// nearly cancels dy, so float32 rounding of the sum would show in dx. Each slot's few terms are added
-// in the compute type first, so there is one double add a slot.
+// The sum is taken in double, a term at a time: a log_softmax row's sum of dy can be large beside the
+// exp(y) * sum that nearly cancels dy, so any float32 rounding of a partial sum (even of a slot's few
+// terms) would show in dx. A term itself (dy, or the product dy * y) is rounded once, relatively.
 template <typename C> struct GradSum { double sum; C top; };
 
 template <typename C> PS_DEVICE GradSum<C> grad_identity() { return GradSum<C>{0.0, ps_neg_inf<C>()}; }
@@ -40,29 +40,33 @@ template <> struct Backward<kSoftmax> {
 template <> struct Backward<kLogSoftmax> {
   static constexpr bool kTop = true;  // the sum holds no y: NaN and empty rows come from the max
   template <typename C> PS_DEVICE static C term(C dy, C) { return dy; }
+  // The double sum is held as sum + low, two values of C: Σ dy grows with the row, and where
+  // exp(y) * sum nearly cancels dy, the sum's rounding to float32 would be the error of dx.
   template <typename C> struct Finish {
-    C sum;
+    C sum, low;
     bool zero;  // a safe log_softmax's row of all -inf is constant: its gradient is 0
     ExpMinus<C> exp;  // float: the hardware base-2 exponential (float64: the precise one)
     PS_DEVICE Finish(GradSum<C> total, bool safe)
         : sum(total.top != total.top ? ps_nan<C>() : static_cast<C>(total.sum)),
+          low(sum - sum == C(0) ? static_cast<C>(total.sum - static_cast<double>(sum)) : C(0)),
           zero(safe && total.top == ps_neg_inf<C>()), exp(C(0)) {}
-    PS_DEVICE C operator()(C dy, C y) const { return zero ? C(0) : dy - exp(y) * sum; }
+    PS_DEVICE C operator()(C dy, C y) const {
+      const C e = exp(y);
+      return zero ? C(0) : ps_fma(-e, low, ps_fma(-e, sum, dy));
+    }
   };
 };
 
 // Adds element values to a GradSum.
 template <int OP, typename C> struct GradAccumulator {
   GradSum<C> total = grad_identity<C>();
-  // N values, all inside the row: their terms added in C, then once to the double sum.
+  // N values, all inside the row.
   template <int N> PS_DEVICE void add_all(const C* dy, const C* y) {
-    C part = C(0);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      part += Backward<OP>::term(dy[j], y[j]);
+      total.sum += static_cast<double>(Backward<OP>::term(dy[j], y[j]));
       if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y[j]);
     }
-    total.sum += part;
   }
   PS_DEVICE void add(C dy, C y) { add_all<1>(&dy, &y); }
 };

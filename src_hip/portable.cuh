@@ -2,7 +2,7 @@
 // portable.cuh: the only file that knows which vendor compiles the kernels.
 //
 // Kernels see: half_t / bfloat16_t storage types, to_compute / from_compute
-// conversions, warp_shfl_xor(v, lane_mask, width), math (ps_exp, ps_log),
+// conversions, warp_shfl_xor(v, lane_mask, width), math (ps_fma, ps_exp, ps_log),
 // and the PS_* qualifiers. The warp size is never read here: kernels take it
 // as a template parameter (WARP) chosen by the host from the device.
 #pragma once
@@ -232,6 +232,9 @@ template <> PS_DEVICE half_t from_compute<half_t>(float v) { return __float2half
 template <> PS_DEVICE bfloat16_t from_compute<bfloat16_t>(float v) { return __float2bfloat16_rn(v); }
 
 // ---- math ------------------------------------------------------------------
+// a * b + c rounded once, whatever the compiler's contraction flags.
+PS_DEVICE float ps_fma(float a, float b, float c) { return fmaf(a, b, c); }
+PS_DEVICE double ps_fma(double a, double b, double c) { return fma(a, b, c); }
 // Full-precision exp/log, for what happens once per row (and a thread's rare rescale of its
 // running sum); per-element exps and merges of (m, d) pairs use ExpMinus below.
 PS_DEVICE float ps_exp(float v) { return expf(v); }
