@@ -60,13 +60,16 @@ template <> struct Backward<kLogSoftmax> {
 // Adds element values to a GradSum.
 template <int OP, typename C> struct GradAccumulator {
   GradSum<C> total = grad_identity<C>();
-  // N values, all inside the row.
+  // N values, all inside the row: a slot's terms chain in their own double (slots chain apart), then
+  // join the thread's sum.
   template <int N> PS_DEVICE void add_all(const C* dy, const C* y) {
+    double part = 0.0;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      total.sum += static_cast<double>(Backward<OP>::term(dy[j], y[j]));
+      part += static_cast<double>(Backward<OP>::term(dy[j], y[j]));
       if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y[j]);
     }
+    total.sum += part;
   }
   PS_DEVICE void add(C dy, C y) { add_all<1>(&dy, &y); }
 };

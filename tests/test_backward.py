@@ -149,6 +149,36 @@ def test_nan_and_empty_rows(runtime, rng):
                 assert (got[0] == 0).all()
 
 
+def long_rows_with_a_cancelling_element(rng, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """log_softmax outputs with one probability of 1/2 a row, and dy of +-10 (summing to a few
+    units) whose element at that place nearly cancels exp(y) * sum(dy): dx there is about 0.005."""
+    x = rng.standard_normal((rows, cols))
+    k = cols // 3
+    x[:, k] = 0.0
+    x[:, k] = np.log(np.exp(x).sum(axis=1) - 1.0)  # exp(x_k) = the rest's sum: p_k = 1/2
+    y = ps.reference.log_softmax(x, 1).astype(np.float32)
+    signs = np.resize([10.0, -10.0], cols)
+    dy = np.stack([rng.permutation(signs) for _ in range(rows)]) + 0.01 * rng.standard_normal((rows, cols))
+    p_k = np.exp(y[:, k].astype(np.float64))
+    rest = dy.sum(axis=1) - dy[:, k]
+    dy[:, k] = (p_k * rest + 0.01) / (1.0 - p_k)  # dx_k = dy_k - p_k * sum(dy) = 0.01 (1 - p_k)
+    return y, dy.astype(np.float32)
+
+
+def test_log_softmax_gradients_take_a_long_rows_sum_exactly(runtime, rng):
+    """sum(dy) in double, a term at a time: terms of +-10 a slot round in float32 (about 1e-6 a slot),
+    and where exp(y) * sum(dy) cancels dy, such errors over thousands of slots would be all of dx.
+    Every row regime that holds vector slots."""
+    for rows, cols in [(5, 1000), (7, 3000), (3, 12000), (1, 20000), (2, 100000)]:
+        y, dy = long_rows_with_a_cancelling_element(rng, rows, cols)
+        the_plan = plan_backward(GradRowProblem("float32", "log_softmax", rows, cols), runtime.profile(0))
+        assert the_plan.notes["vec"] > 1, the_plan
+        got = runtime.run_backward(dy, y, the_plan)
+        assert_gradient(got, dy, y, 1, "log_softmax", f"{rows}x{cols} {the_plan.tier}")
+        ref = gradient_reference(dy, y, 1, "log_softmax")
+        assert np.abs(ref[:, cols // 3]).max() < 0.02  # the cancelling element: small beside dy
+
+
 #: a 32-lane assumption in the reductions the gradient kernels use: harmless at warp 32, caught at 64
 MUTATIONS = {
     "butterfly stops at xor 16": ("softmax.cuh", "for (int offset = width / 2; offset > 0; offset /= 2)",

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_backward import assert_gradient, forward_output
+from test_backward import assert_gradient, forward_output, long_rows_with_a_cancelling_element
 from test_gpu import _to_numpy, _torch_cuda, needs_cuda
 
 import portable_softmax as ps
@@ -61,6 +61,22 @@ def test_cupy_every_regime(rng, dtype, op):
         got = FNS[op](dy_d, y_d)
         assert isinstance(got, cupy.ndarray)
         assert_gradient(cupy.asnumpy(got), dy, y, 1, op, f"cupy {dtype} {shape} (fresh output)")
+    assert {"warp", "block", "cached", "split"} <= tiers
+
+
+@needs_cuda
+def test_log_softmax_gradients_take_a_long_rows_sum_exactly(rng):
+    """Where exp(y) * sum(dy) cancels dy, the sum's float32 rounding would be all of dx (see the
+    emulated test of the same name): every row regime, on the device."""
+    cupy = pytest.importorskip("cupy")
+    tiers = set()
+    for shape in [(512, 1000), (256, 8192), (64, 50257), (8, 131072), (2, 2_000_000)]:
+        y, dy = long_rows_with_a_cancelling_element(rng, *shape)
+        dy_d, y_d = cupy.asarray(dy), cupy.asarray(y)
+        out = cupy.full(shape, np.nan, dtype=np.float32)  # poisoned
+        ps.log_softmax_backward(dy_d, y_d, out=out)
+        tiers.add(_tier(dy_d, y_d, 1, "log_softmax"))
+        assert_gradient(cupy.asnumpy(out), dy, y, 1, "log_softmax", f"{shape}")
     assert {"warp", "block", "cached", "split"} <= tiers
 
 
