@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _probe, api
 from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
-from ._dtypes import storage_name
+from ._dtypes import SUPPORTED, UnsupportedDtypeError, storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
 
@@ -53,6 +53,10 @@ def _named(a) -> str:
     return f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
 
 
+def _dtype_of(a) -> str:
+    return str(getattr(a, "dtype", type(a).__name__)).removeprefix("torch.")
+
+
 def _where(a: Host | DeviceArray) -> str:
     return f"{a.vendor}:{a.device_index}" if a.on_device else "host"
 
@@ -79,7 +83,12 @@ def _full(dy, y, axis, op: str, out):
         raise TypeError(f"dy and y must be arrays of one type; got {_named(dy)} and {_named(y)}")
     if isinstance(dy, np.ma.MaskedArray) or isinstance(y, np.ma.MaskedArray):
         raise TypeError("numpy masked arrays are not supported: pass plain arrays (x.data or x.filled(...))")
-    src, ys = classify(dy), classify(y)
+    try:
+        src, ys = classify(dy), classify(y)
+    except UnsupportedDtypeError:
+        raise UnsupportedDtypeError(
+            f"{op}_backward needs floating-point dy and y; got dy {_dtype_of(dy)} and y {_dtype_of(y)}. "
+            f"Supported dtypes: {', '.join(SUPPORTED)}") from None
     if src.on_device != ys.on_device or (src.on_device and _where(src) != _where(ys)):
         raise ValueError(f"dy and y must be on one device; dy is on {_where(src)}, y on {_where(ys)}")
     if tuple(src.shape) != tuple(ys.shape):

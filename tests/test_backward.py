@@ -330,8 +330,11 @@ def test_bad_input_names_what_was_wrong():
         ps.softmax_backward(a, a.T.copy())
     with pytest.raises(TypeError, match="one dtype; got dy float32 and y float64"):
         ps.softmax_backward(a, a.astype(np.float64))
-    with pytest.raises(TypeError, match="Supported dtypes: float32, float16, bfloat16, float64"):
+    with pytest.raises(TypeError, match="softmax_backward needs floating-point dy and y; got dy int32 and y int32. "
+                                        "Supported dtypes: float32, float16, bfloat16, float64"):
         ps.softmax_backward(a.astype(np.int32), a.astype(np.int32))
+    with pytest.raises(TypeError, match="got dy float32 and y int64"):
+        ps.log_softmax_backward(a, a.astype(np.int64))
     with pytest.raises(IndexError, match="axis 2 is out of bounds"):
         ps.log_softmax_backward(a, a, 2)
     with pytest.raises(ValueError, match="out has shape"):
