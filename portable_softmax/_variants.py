@@ -472,7 +472,8 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
     for vec in grad_narrow_widths(dtype):
         for op, enum in OPS.items():
             out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
-                          (tag, ctype, op, enum, warp, lanes, slots, vec)) for lanes, slots in grad_narrow_shapes(dtype, warp, vec)]
+                          (tag, ctype, op, enum, warp, lanes, slots, vec))
+                    for lanes, slots in grad_narrow_shapes(dtype, warp, vec)]
     return out
 
 
