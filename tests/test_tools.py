@@ -1,6 +1,7 @@
 """The development tools' parts that need no GPU: tools/ab_bench.py's variants (Tunings) and spec parsing,
-tools/plan_diff.py (which specs a planner variant changes) and tools/ab_builds.py's summary of an
-A/B table. tools/concurrent_waits.py needs a GPU: tests/test_gpu.py runs it."""
+tools/plan_diff.py (which specs a planner variant changes), tools/ab_builds.py's summary of an
+A/B table and tools/machine_code_diff.py (which kernels' SASS two source trees change; nvcc, no GPU).
+tools/concurrent_waits.py needs a GPU: tests/test_gpu.py runs it."""
 
 from __future__ import annotations
 
@@ -82,3 +83,47 @@ def test_ab_builds_summary_compares_each_build_with_the_first_by_dtype(monkeypat
         "new - base float32: mean -0.50, -3.0 to +2.0, ahead on 1 of 2",
         "new - base float16: mean +0.50, +0.5 to +0.5, ahead on 1 of 1",
     ]
+
+
+# ---- tools/machine_code_diff.py ------------------------------------------------------------------
+KERNELS = """
+extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
+extern "C" __global__ void shifted(float* x) { x[threadIdx.x] += OFFSET; }
+"""
+
+
+@pytest.fixture
+def machine_code_diff(monkeypatch):
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed (the CUDA toolkit compiles the kernels)")
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    return importlib.import_module("machine_code_diff")
+
+
+def _tree(root: Path, offset: str) -> Path:
+    root.mkdir()
+    (root / "softmax.cuh").write_text("")
+    (root / "softmax_f32.cu").write_text(KERNELS.replace("OFFSET", offset))
+    return root
+
+
+def test_machine_code_diff_names_the_kernel_whose_code_changed(machine_code_diff, tmp_path, capsys):
+    old, same, new = (_tree(tmp_path / n, o) for n, o in (("old", "1.0f"), ("same", "1.0f"), ("new", "3.0f")))
+    code = machine_code_diff.kernel_code(machine_code_diff.compile_cubin(old / "softmax_f32.cu", old, "sm_90",
+                                                                         tmp_path / "a.cubin"))
+    assert set(code) == {"twice", "shifted"} and all(code.values())
+    assert machine_code_diff.main([str(old), str(same), "--dtypes", "f32"]) == 0
+    assert "0 with other machine code" in capsys.readouterr().out
+    assert machine_code_diff.main([str(old), str(new), "--dtypes", "f32"]) == 1
+    out = capsys.readouterr().out
+    assert "1 with other machine code" in out and "differs  shifted" in out and "twice" not in out
+    assert machine_code_diff.main([str(old), str(new), "--dtypes", "f32", "--list-only"]) == 0
+
+
+def test_machine_code_diff_refuses_what_is_not_a_cubin_or_a_source_tree(machine_code_diff, tmp_path):
+    with pytest.raises(ValueError, match="not a 64-bit ELF"):
+        machine_code_diff.kernel_code(b"not an elf")
+    with pytest.raises(SystemExit):
+        machine_code_diff.main([str(tmp_path), str(tmp_path)])
