@@ -452,7 +452,7 @@ def launch_keeping(rt: Runtime, src: DeviceArray, the_plan: Plan, arrays: dict[s
     if entry is not None:
         entry[0](*arrays.values(), stream)
     else:
-        launch_plan(rt, src, the_plan, dict(arrays), stream)
+        launch_plan(rt, src, the_plan, arrays, stream)  # adds the scratch's pointers to arrays
 
 
 def launch_plan(rt: Runtime, src: DeviceArray, the_plan: Plan, buffers: dict[str, int], stream: int) -> None:

@@ -121,4 +121,3 @@ def keep_recording_launcher(key, bound_to=None, contiguous=True) -> list:
     api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), contiguous, bound_to, None,
                                   ("cuda", 0))
     return launched
-

@@ -114,4 +114,3 @@ def torch_repeat_path(monkeypatch):
     monkeypatch.setattr(api, "_current_stream", lambda device: 7)
     yield torch
     api.launchers.clear()  # the recording launchers go with the test
-
