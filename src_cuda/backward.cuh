@@ -106,7 +106,6 @@ template <typename T, int VEC> struct GradRow {
   int pad;    // elements between the aligned slot start and the row start
   i64 slots;  // slots covering [-pad, cols)
 
-  GradRow() = default;  // a view assigned later (GradientRows::Held)
   PS_DEVICE GradRow(const T* dy_, const T* y_, T* dx_, i64 cols_) : dy(dy_), y(y_), dx(dx_), cols(cols_) {
     pad = static_cast<int>((reinterpret_cast<unsigned long long>(dy_) / sizeof(T)) % VEC);
     slots = (pad + cols + VEC - 1) / VEC;
@@ -205,13 +204,13 @@ template <typename T, int OP> struct GradientRows {
   T* dx;
   i64 dys, ys, dxs;
   bool safe;
+  static constexpr bool kPastEndViewIsEmpty = true;  // one test a slot: fewer registers than a branch
   template <int VEC> struct View {
     GradRow<T, VEC> g;
     i64 slots;  // a row past the end has none
   };
   template <int SLOTS, int VEC> struct Held {
     Vec<T, VEC> a[SLOTS], b[SLOTS];
-    View<VEC> view;
   };
   template <int VEC> PS_DEVICE View<VEC> row(i64 row, i64 rows, i64 cols) const {
     const bool active = row < rows;
@@ -219,20 +218,18 @@ template <typename T, int OP> struct GradientRows {
     const GradRow<T, VEC> g(dy + r * dys, y + r * ys, dx + r * dxs, cols);
     return View<VEC>{g, active ? g.slots : 0};
   }
-  template <int SLOTS, int VEC> PS_DEVICE void begin(const View<VEC>& view, Held<SLOTS, VEC>& held) const {
-    held.view = view;
-  }
   template <int SLOTS, int VEC>
   PS_DEVICE void load(const View<VEC>& view, i64 k, Held<SLOTS, VEC>& held, int s) const {
     view.g.load(k, held.a[s], held.b[s]);
   }
   template <int SLOTS, int VEC> PS_DEVICE void absent(Held<SLOTS, VEC>&, int) const {}
-  template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE Finish finish(int lane, Held<SLOTS, VEC>& held) const {
+  template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE Finish finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
+    const View<VEC> view = this->row<VEC>(row, rows, cols);  // again, not held across the loads: fewer registers
     GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = (i64)s * LANES + lane;
-      if (k < held.view.slots) held.view.g.add(k, held.a[s], held.b[s], acc);
+      if (k < view.slots) view.g.add(k, held.a[s], held.b[s], acc);
     }
     GradSum<C> total;
     if constexpr (LANES > WARP) {
