@@ -401,6 +401,24 @@ def grad_rows_shapes(dtype: str, warp: int) -> list[tuple[int, int]]:
     return groups + deep + blocks
 
 
+#: 16-bit rows whose stride is not a whole 16 bytes take 8- or 4-byte vectors instead (every row then
+#: starts at the same offset in its vectors), while a warp holds them in this many slots a lane:
+#: 16-byte vectors would load each short row's two partial ends element by element
+GRAD_NARROW_MAX_SLOTS = 4
+
+
+def grad_narrow_widths(dtype: str) -> tuple[int, ...]:
+    """The narrower vector widths of the rows-in-registers gradient, widest first."""
+    return (4, 2) if DTYPES[dtype][2] == 2 else ()
+
+
+def grad_narrow_shapes(warp: int, vec: int) -> list[tuple[int, int]]:
+    """(lanes a row, slots a lane) built at a narrow width: rows of more than 32 elements (shorter
+    ones stay scalar) up to GRAD_NARROW_MAX_SLOTS slots a lane of a warp."""
+    return ([(lanes, 1) for lanes in pow2_upto(warp) if lanes * vec > 32]
+            + [(warp, s) for s in pow2_upto(GRAD_NARROW_MAX_SLOTS) if s > 1])
+
+
 def grad_rows_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: int) -> str:
     return f"ps_bwd_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
@@ -440,6 +458,10 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
             out.append(Entry(grad_cached_name(dtype, op, warp, vec), "PS_GRAD_CACHED_ENTRY",
                              (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
+    for vec in grad_narrow_widths(dtype):
+        for op, enum in OPS.items():
+            out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
+                          (tag, ctype, op, enum, warp, lanes, slots, vec)) for lanes, slots in grad_narrow_shapes(warp, vec)]
     return out
 
 

@@ -116,6 +116,23 @@ def test_misaligned_rows_take_partial_slots_or_scalars(runtime, rng, offsets):
             assert_gradient(got, dy, y, 1, op, f"{rows}x{cols} {offsets} {the_plan.launches[0].kernel}")
 
 
+@pytest.mark.parametrize("offsets", [(0, 0, 0), (1, 1, 1), (3, 3, 3)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_rows_of_an_unaligned_stride_take_narrow_vectors(runtime, rng, dtype, offsets):
+    """Rows whose stride is 4 or 8 bytes past 16 take 4- or 2-element vectors, every row starting
+    at the same offset in them (a partial head where the base is misaligned), in groups and warps."""
+    widths = set()
+    for rows, cols in [(9, 36), (9, 100), (9, 90), (5, 250), (5, 300), (3, 1020)]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols, misaligns=offsets), runtime.profile(0))
+            widths.add(the_plan.notes["vec"])
+            got = runtime.run_backward(dy, y, the_plan, offsets)
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {offsets} {the_plan.launches[0].kernel}")
+    assert {2, 4} <= widths
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_strided_axes_match_the_reference(runtime, rng, dtype):
     for shape, axis in [((3, 50, 7), 1), ((200, 33), 0), ((2, 1000, 40), 1), ((5, 4, 3, 2), 2)]:
@@ -226,7 +243,9 @@ def _witness_problems(dtype: str):
     widest = V.vector_widths(dtype)[1]
     for op in ("softmax", "log_softmax"):
         for rows in (1, 3, 4096):
-            for cols in sorted({c for k in range(21) for c in (1 << k, (1 << k) + 1, 3 << k)} | {10**7}):
+            # and rows whose 16-bit stride is 4 or 8 bytes past a multiple of 16 (narrow vectors)
+            narrow = {36, 50, 90, 100, 196, 250, 300, 500, 510, 1020}
+            for cols in sorted({c for k in range(21) for c in (1 << k, (1 << k) + 1, 3 << k)} | narrow | {10**7}):
                 if rows * cols > 10**8:
                     continue
                 for misaligns in ((0, 0, 0), (1, 1, 1), (0, 1, 0)):
