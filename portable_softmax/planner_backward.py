@@ -194,18 +194,18 @@ ROW_RULES: tuple[Rule, ...] = (
 )
 
 
-def grad_vector_width(p: GradRowProblem, warp_size: int | None = None) -> int:
+def grad_vector_width(p: GradRowProblem, narrow: bool = True) -> int:
     """The widest vector where dy, y and dx share their misalignment on every row, else 1 (short
     rows at varying offsets stay scalar: their partial slots would cost more than vectors save).
-    Rows of 16-bit types whose stride is not a whole 16 bytes take a narrower vector that every
-    row starts at the same offset in, while a warp of ``warp_size`` holds them in GRAD_NARROW_MAX_SLOTS
-    slots a lane (None: the widths the split regimes are built for, 1 and the widest)."""
+    Where ``narrow``, 16-bit rows whose stride is not a whole 16 bytes, of at least 32 elements,
+    take the widest narrower vector that every row starts at the same offset in, while their rows
+    fit grad_narrow_max_slots of it (the split regimes are built for 1 and the widest only)."""
     widest = V.vector_widths(p.dtype)[1]
     strides = p.row_strides()
-    if warp_size is not None and p.rows > 1 and strides[0] % widest != 0 and p.cols >= 4 * widest:
+    if narrow and p.rows > 1 and strides[0] % widest != 0 and p.cols >= 4 * widest:
         for vec in V.grad_narrow_widths(p.dtype):
             if (all(s % vec == 0 for s in strides) and len({m % vec for m in p.misaligns}) == 1
-                    and ceil((p.misaligns[0] % vec + p.cols) / vec) <= warp_size * V.GRAD_NARROW_MAX_SLOTS):
+                    and ceil((p.misaligns[0] % vec + p.cols) / vec) <= V.grad_narrow_max_slots(p.dtype, vec)):
                 return vec
     same_base = len({m % widest for m in p.misaligns}) == 1
     same_step = p.rows <= 1 or len({s % widest for s in strides}) == 1
@@ -237,7 +237,7 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
         return _plan_strided(problem, device)
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
-    vec = grad_vector_width(problem, device.warp_size)
+    vec = grad_vector_width(problem)
     shape = _Shape(vec, grad_slots(problem, vec))
     for rule in ROW_RULES:
         if rule.applies(tuning, problem, device, shape):
@@ -252,7 +252,7 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
     second finishes each chunk from the row's sums as it then finds them there. One chunk a row
     where the rows fill the device, more where they are few."""
     _check(problem.dtype, problem.op, device)
-    vec = grad_vector_width(problem)
+    vec = grad_vector_width(problem, narrow=False)
     return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
