@@ -312,20 +312,24 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   }
 }
 
-// ---- a row split across blocks, two passes -------------------------------------------------------
-// Rows too long to hold on chip: the first pass writes each chunk's GradSum (two doubles), the second
-// merges a row's chunks and reads the chunk again to finish it.
-template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_partials(const T* dy, const T* y, double* sums, i64 rows, i64 cols,
-                                   i64 dys, i64 ys, i64 chunk_slots, i64 chunks) {
+// ---- a row split across blocks, two passes: the gradient op -------------------------------------
+// Rows too long to hold on chip (softmax.cuh split_first_pass / split_second_pass): a chunk's partial
+// is its GradSum (two doubles), merged by warp 0; each pass streams its slots kDepth at a time.
+template <typename T, int OP> struct GradientSplit {
   typedef typename compute_of<T>::type C;
-  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
-    const i64 row = item / chunks, chunk = item % chunks;
-    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, nullptr, cols);
-    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
+  typedef typename Backward<OP>::template Finish<C> Finish;
+  static constexpr int kDepth = 4;  // slots in flight a thread before their use
+  const T* dy;
+  const T* y;
+  T* dx;  // the first pass writes none
+  i64 dys, ys, dxs;
+  bool safe;
+  template <int VEC> PS_DEVICE GradRow<T, VEC> row(i64 r, i64 cols) const {
+    return GradRow<T, VEC>(dy + r * dys, y + r * ys, dx + r * dxs, cols);
+  }
+  template <int WARP, int VEC> PS_DEVICE GradSum<C> chunk(const GradRow<T, VEC>& g, i64 begin, i64 end) const {
     GradAccumulator<OP, C> acc;
-    constexpr int kDepth = 4;  // slots in flight a thread before their use
-    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+    for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
       Vec<T, VEC> a[kDepth], b[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
@@ -338,21 +342,14 @@ PS_DEVICE void grad_split_partials(const T* dy, const T* y, double* sums, i64 ro
         if (k < end) g.add(k, a[u], b[u], acc);
       }
     }
-    const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
-    if (PS_THREAD_X == 0) {
-      sums[2 * item] = part.sum;
-      sums[2 * item + 1] = part.top;
-    }
+    return grad_reduce_block<OP, WARP>(acc.total);
   }
-}
-
-template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* sums, i64 rows,
-                                 i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunk_slots, i64 chunks, int safe) {
-  typedef typename compute_of<T>::type C;
-  PS_SHARED double row_total[2];
-  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
-    const i64 row = item / chunks, chunk = item % chunks;
+  PS_DEVICE void publish(double* sums, i64 job, GradSum<C> part) const {
+    sums[2 * job] = part.sum;
+    sums[2 * job + 1] = part.top;
+  }
+  template <int WARP> PS_DEVICE Finish merge(const double* sums, i64 row, i64 chunks) const {
+    PS_SHARED double row_total[2];
     if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
       GradSum<C> total = grad_identity<C>();
       for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
@@ -366,13 +363,13 @@ PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* s
       }
     }
     PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
-                                                      safe != 0);
-    PS_SYNC();
-    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
-    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
-    constexpr int kDepth = 4;
-    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+    const Finish f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])}, safe);
+    PS_SYNC();  // row_total is written again for the next chunk
+    return f;
+  }
+  template <int VEC>
+  PS_DEVICE void finish_chunk(const GradRow<T, VEC>& g, i64 begin, i64 end, const Finish& f) const {
+    for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
       Vec<T, VEC> a[kDepth], b[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
@@ -386,7 +383,7 @@ PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* s
       }
     }
   }
-}
+};
 
 // ---- a strided axis ------------------------------------------------------------------------------
 // The arrays are (outer, cols, inner) with element strides. A block takes a tile of inner_tile
@@ -493,13 +490,15 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
       const T* dy, const T* y, double* sums, ps::i64 rows, ps::i64 cols, ps::i64 dys,                    \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks) {                                                 \
-    ps::grad_split_partials<T, OP, W, V>(dy, y, sums, rows, cols, dys, ys, chunk_slots, chunks);         \
+    ps::split_first_pass<ps::GradientSplit<T, OP>, W, V>(                                                \
+        ps::GradientSplit<T, OP>{dy, y, nullptr, dys, ys, 0, false}, sums, rows, cols, chunk_slots, chunks); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_partials_##DT##_##OPN##_w##W##_v##V)                                           \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_finish_##DT##_##OPN##_w##W##_v##V(      \
       const T* dy, const T* y, T* dx, const double* sums, ps::i64 rows, ps::i64 cols,                    \
       ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunk_slots, ps::i64 chunks, int safe) {             \
-    ps::grad_split_finish<T, OP, W, V>(dy, y, dx, sums, rows, cols, dys, ys, dxs, chunk_slots, chunks, safe); \
+    ps::split_second_pass<ps::GradientSplit<T, OP>, W, V>(                                               \
+        ps::GradientSplit<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, sums, rows, cols, chunk_slots, chunks); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_finish_##DT##_##OPN##_w##W##_v##V)
 

@@ -360,60 +360,99 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   }
 }
 
-// ---- a warp a row (and short rows a group of its lanes): the row in registers ---------------
-// LANES < WARP packs WARP / LANES short rows into one warp; LANES == WARP gives
-// a warp per row. Each lane holds SLOTS slots of VEC elements, and a group takes
-// BATCH rows per step: WarpBatch, so that short rows still keep 32 bytes per lane in
-// flight, or one row (small inputs, where more warps of fewer values finish sooner).
+// ---- rows in registers: a group of lanes a row, or a block a row -----------------------------
+// The regime of rows that registers hold, for every op. A group of LANES consecutive lanes takes a
+// row: LANES < WARP packs WARP / LANES short rows into one warp, LANES == WARP gives a warp a row,
+// and LANES > WARP (LANES = blockDim) a block a row, for an op whose finish reduces across warps
+// (the forward's is at most a warp). Each lane holds SLOTS
+// slots of VEC elements (slots lane, lane + LANES, ...), so a row is read once and written once, and
+// a group takes BATCH rows a step (WarpBatch), so that short rows still keep 32 bytes a lane in
+// flight. Every lane of a group takes part in its reductions, also for rows past the end, which read
+// as empty rows and are not stored. The op policy Op says what a row is:
+//   Op::row<VEC>(row, rows, cols)      a row's arrays as its view.slots aligned slots
+//   Op::Held<SLOTS, VEC>               what a lane holds of a row
+//   Op::load / Op::absent              a slot of the row, and a slot past its end
+//   Op::finish<WARP, LANES>(lane, held)  the row's reduction over its group: how its slots finish
+//   Op::store                          a slot's outputs
 template <typename T, int SLOTS, int VEC> struct WarpBatch {
   static const int bytes = SLOTS * VEC * (int)sizeof(T);
   static const int rows = bytes >= 32 ? 1 : 32 / bytes;
 };
 
-template <typename T, int OP, int WARP, int LANES, int SLOTS, int VEC, int BATCH>
-PS_DEVICE void warp_rows(const T* x, T* y, i64 rows, i64 cols, i64 x_stride, i64 y_stride, int safe) {
-  typedef typename compute_of<T>::type C;
-  static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
-  const int N = SLOTS * VEC;
-  const int lane = PS_THREAD_X % LANES;
-  const i64 group = PS_THREAD_X / LANES;
-  const i64 groups_per_block = PS_BLOCK_DIM_X / LANES;
+template <typename Op, int WARP, int LANES, int SLOTS, int VEC, int BATCH>
+PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
+  constexpr bool kBlock = LANES > WARP;
+  static_assert(kBlock || WARP % LANES == 0, "a row group lies inside one warp");
+  const int lane = kBlock ? static_cast<int>(PS_THREAD_X) : static_cast<int>(PS_THREAD_X % LANES);
+  const i64 group = kBlock ? 0 : PS_THREAD_X / LANES;
+  const i64 groups_per_block = kBlock ? 1 : PS_BLOCK_DIM_X / LANES;
   const i64 rows_per_step = groups_per_block * BATCH;
   // The bound depends on the block only, so all lanes of a warp stay in the
   // loop together and every shuffle sees its whole lane group.
   for (i64 first_row = (i64)PS_BLOCK_X * rows_per_step; first_row < rows;
        first_row += (i64)PS_GRID_DIM_X * rows_per_step) {
-    C v[BATCH][N];
+    typename Op::template Held<SLOTS, VEC> held[BATCH];
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      const i64 r = row < rows ? row : 0;
-      const RowSlots<T, VEC> rs(x + r * x_stride, y + r * y_stride, row < rows ? cols : 0);
+      const auto view = op.template row<VEC>(row, rows, cols);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
-        if (k < rs.slots) {
-          rs.load(k, v[b] + s * VEC);
+        if (k < view.slots) {
+          op.load(view, k, held[b], s);
         } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[b][s * VEC + j] = ps_neg_inf<C>();
+          op.absent(held[b], s);
         }
       }
     }
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      softmax_in_registers<OP, T, LANES, N>(v[b], safe != 0);
+      const auto finish = op.template finish<WARP, LANES>(lane, held[b]);
       if (row >= rows) continue;
-      const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
+      const auto view = op.template row<VEC>(row, rows, cols);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
-        if (k < rs.slots) rs.store(k, v[b] + s * VEC);
+        if (k < view.slots) op.store(view, k, held[b], s, finish);
       }
     }
   }
 }
+
+// The forward op of the rows-in-registers regime: a lane holds its slots widened, and the row
+// finishes in place (softmax_in_registers), a group of at most a warp.
+template <typename T, int OP> struct ForwardRows {
+  typedef typename compute_of<T>::type C;
+  struct InPlace {};
+  const T* x;
+  T* y;
+  i64 x_stride, y_stride;
+  bool safe;
+  template <int SLOTS, int VEC> struct Held { C v[SLOTS * VEC]; };
+  template <int VEC> PS_DEVICE RowSlots<T, VEC> row(i64 row, i64 rows, i64 cols) const {
+    const i64 r = row < rows ? row : 0;
+    return RowSlots<T, VEC>(x + r * x_stride, y + r * y_stride, row < rows ? cols : 0);
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void load(const RowSlots<T, VEC>& rs, i64 k, Held<SLOTS, VEC>& held, int s) const {
+    rs.load(k, held.v + s * VEC);
+  }
+  template <int SLOTS, int VEC> PS_DEVICE void absent(Held<SLOTS, VEC>& held, int s) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) held.v[s * VEC + j] = ps_neg_inf<C>();
+  }
+  template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE InPlace finish(int, Held<SLOTS, VEC>& held) const {
+    static_assert(LANES <= WARP, "the forward holds a row in the registers of at most a warp");
+    softmax_in_registers<OP, T, LANES, SLOTS * VEC>(held.v, safe);
+    return InPlace();
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const RowSlots<T, VEC>& rs, i64 k, const Held<SLOTS, VEC>& held, int s, InPlace) const {
+    rs.store(k, held.v + s * VEC);
+  }
+};
 
 // ---- streaming a thread's slots of a row --------------------------------------
 // Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time, as stored
@@ -1493,39 +1532,70 @@ PS_DEVICE MD<typename compute_of<T>::type> chunk_md(const RowSlots<T, VEC>& rs, 
   return acc.md();
 }
 
-template <typename T, int WARP, int VEC>
-PS_DEVICE void split_partials(const T* x, typename compute_of<T>::type* partials, i64 rows, i64 cols,
-                              i64 x_stride, i64 chunk_slots, i64 chunks) {
-  typedef typename compute_of<T>::type C;
+// The regime for every op: the first pass reduces each chunk of chunk_slots slots of a row (a block
+// a chunk) to its partial; the second merges a row's partials and finishes each chunk, in the
+// reverse of the first pass's order, so that the chunks read last are those the L2 cache still
+// holds. The op policy Op says what a chunk reduces to and how it finishes:
+//   Op::row<VEC>(r, cols)                       row r's arrays as aligned slots
+//   Op::chunk<WARP>(row, begin, end)            a chunk's partial, the block's
+//   Op::publish(partials, job, partial)         (thread 0) the partial into scratch
+//   Op::merge<WARP>(partials, row, chunks)      a row's partials merged: how its slots finish
+//   Op::finish_chunk(row, begin, end, finish)   the chunk's outputs
+template <typename Op, int WARP, int VEC, typename P>
+PS_DEVICE void split_first_pass(const Op& op, P* partials, i64 rows, i64 cols, i64 chunk_slots, i64 chunks) {
   for (i64 job = PS_BLOCK_X; job < rows * chunks; job += PS_GRID_DIM_X) {
     const i64 row = job / chunks, chunk = job % chunks;
-    const RowSlots<T, VEC> rs(x + row * x_stride, (T*)0, cols);
+    const auto rs = op.template row<VEC>(row, cols);
     const i64 begin = chunk * chunk_slots;
     const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
-    const MD<C> md = md_reduce_block<WARP>(chunk_md<T, VEC>(rs, begin, end));
-    if (PS_THREAD_X == 0) { partials[2 * job] = md.m; partials[2 * job + 1] = md.d; }
+    const auto part = op.template chunk<WARP>(rs, begin, end);
+    if (PS_THREAD_X == 0) op.publish(partials, job, part);
   }
 }
 
-template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::type* partials, i64 rows,
-                               i64 cols, i64 x_stride, i64 y_stride, i64 chunk_slots, i64 chunks, int safe) {
-  typedef typename compute_of<T>::type C;
-  // The jobs in the reverse of split_partials' order: the chunks it read last are the ones the L2
-  // cache still holds when this pass starts.
+template <typename Op, int WARP, int VEC, typename P>
+PS_DEVICE void split_second_pass(const Op& op, const P* partials, i64 rows, i64 cols, i64 chunk_slots,
+                                 i64 chunks) {
   const i64 jobs = rows * chunks;
   for (i64 k = PS_BLOCK_X; k < jobs; k += PS_GRID_DIM_X) {
     const i64 job = jobs - 1 - k;
     const i64 row = job / chunks, chunk = job % chunks;
+    const auto finish = op.template merge<WARP>(partials, row, chunks);
+    const auto rs = op.template row<VEC>(row, cols);
+    const i64 begin = chunk * chunk_slots;
+    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    op.finish_chunk(rs, begin, end, finish);
+  }
+}
+
+// The forward op of the two-pass split: (m, d) partials (the same for softmax and log_softmax),
+// merged by every thread of the block.
+template <typename T, int OP> struct ForwardSplit {
+  typedef typename compute_of<T>::type C;
+  const T* x;
+  T* y;  // the first pass writes none
+  i64 x_stride, y_stride;
+  bool safe;
+  template <int VEC> PS_DEVICE RowSlots<T, VEC> row(i64 r, i64 cols) const {
+    return RowSlots<T, VEC>(x + r * x_stride, y + r * y_stride, cols);
+  }
+  template <int WARP, int VEC> PS_DEVICE MD<C> chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end) const {
+    return md_reduce_block<WARP>(chunk_md<T, VEC>(rs, begin, end));
+  }
+  PS_DEVICE void publish(C* partials, i64 job, MD<C> md) const {
+    partials[2 * job] = md.m;
+    partials[2 * job + 1] = md.d;
+  }
+  template <int WARP> PS_DEVICE RowFinish<OP, T> merge(const C* partials, i64 row, i64 chunks) const {
     MD<C> md = md_identity<C>();
     for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
       MD<C> part = {partials[2 * (row * chunks + c)], partials[2 * (row * chunks + c) + 1]};
       md = md_combine(md, part);
     }
-    const RowFinish<OP, T> f(md_reduce_block<WARP>(md), safe != 0);
-    const RowSlots<T, VEC> rs(x + row * x_stride, y + row * y_stride, cols);
-    const i64 begin = chunk * chunk_slots;
-    const i64 end = begin + chunk_slots < rs.slots ? begin + chunk_slots : rs.slots;
+    return RowFinish<OP, T>(md_reduce_block<WARP>(md), safe);
+  }
+  template <int VEC>
+  PS_DEVICE void finish_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const RowFinish<OP, T>& f) const {
     // Two 8-wide slots in flight, not four: 1024-thread blocks have 64 registers a thread.
     for_each_slot<(VEC >= 8 ? 2 : 4)>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) {
       C v[VEC];
@@ -1533,7 +1603,7 @@ PS_DEVICE void split_normalize(const T* x, T* y, const typename compute_of<T>::t
       rs.template store<true>(k, v);
     });
   }
-}
+};
 
 // ---- a row split across blocks: on chip, the blocks co-resident ---------------------------
 // Each block caches its chunk in shared memory, publishes the chunk's (m, d) and
@@ -2120,7 +2190,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
 #define PS_WARP_ENTRY(DT, T, OPN, OP, W, L, S, V)                                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V(            \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
-    ps::warp_rows<T, OP, W, L, S, V, ps::WarpBatch<T, S, V>::rows>(x, y, rows, cols, xs, ys, safe);  \
+    ps::rows_in_registers<ps::ForwardRows<T, OP>, W, L, S, V, ps::WarpBatch<T, S, V>::rows>(         \
+        ps::ForwardRows<T, OP>{x, y, xs, ys, safe != 0}, rows, cols);                                \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V)
 
@@ -2128,7 +2199,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
 #define PS_WARP_ONE_ROW_ENTRY(DT, T, OPN, OP, W, L, S, V)                                           \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V##_b1(       \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 xs, ps::i64 ys, int safe) {              \
-    ps::warp_rows<T, OP, W, L, S, V, 1>(x, y, rows, cols, xs, ys, safe);                             \
+    ps::rows_in_registers<ps::ForwardRows<T, OP>, W, L, S, V, 1>(                                     \
+        ps::ForwardRows<T, OP>{x, y, xs, ys, safe != 0}, rows, cols);                                \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V##_b1)
 
@@ -2154,7 +2226,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_##DT##_##OPN##_w##W##_v##V(               \
       const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe) {                                  \
-    ps::split_normalize<T, OP, W, V>(x, y, partials, rows, cols, xs, ys, chunk_slots, chunks, safe); \
+    ps::split_second_pass<ps::ForwardSplit<T, OP>, W, V>(ps::ForwardSplit<T, OP>{x, y, xs, ys, safe != 0}, \
+                                                         partials, rows, cols, chunk_slots, chunks);  \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_normalize_##DT##_##OPN##_w##W##_v##V)
 
@@ -2162,7 +2235,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_partials_##DT##_w##W##_v##V(                        \
       const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs,            \
       ps::i64 chunk_slots, ps::i64 chunks) {                                                         \
-    ps::split_partials<T, W, V>(x, partials, rows, cols, xs, chunk_slots, chunks);                  \
+    ps::split_first_pass<ps::ForwardSplit<T, ps::kSoftmax>, W, V>(                                    \
+        ps::ForwardSplit<T, ps::kSoftmax>{x, (T*)0, xs, 0, false}, partials, rows, cols, chunk_slots, chunks); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
 

@@ -107,6 +107,7 @@ template <typename T, int VEC> struct GradRow {
   int pad;    // elements between the aligned slot start and the row start
   i64 slots;  // slots covering [-pad, cols)
 
+  GradRow() = default;  // a view assigned later (GradientRows::Held)
   PS_DEVICE GradRow(const T* dy_, const T* y_, T* dx_, i64 cols_) : dy(dy_), y(y_), dx(dx_), cols(cols_) {
     pad = static_cast<int>((reinterpret_cast<unsigned long long>(dy_) / sizeof(T)) % VEC);
     slots = (pad + cols + VEC - 1) / VEC;
@@ -194,48 +195,59 @@ template <typename T, int VEC> struct GradRow {
   }
 };
 
-// ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
-// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
-// so the row is read once and written once. Groups of a warp step through rows together (a row
-// past the end takes part in the shuffles and stores nothing).
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC>
-PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+// ---- the gradient op of the rows-in-registers regime (softmax.cuh rows_in_registers) -------------
+// A lane holds its slots of dy and y as stored (widened again to finish them), so the row is read
+// once and written once; a group of lanes (or a block) sums the row's terms and finishes its slots.
+template <typename T, int OP> struct GradientRows {
   typedef typename compute_of<T>::type C;
-  constexpr bool kBlock = GROUP > WARP;
-  const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
-  const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
-  const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
-  for (i64 base = (i64)PS_BLOCK_X * groups; base < rows; base += (i64)PS_GRID_DIM_X * groups) {
-    const i64 row = base + group;
+  typedef typename Backward<OP>::template Finish<C> Finish;
+  const T* dy;
+  const T* y;
+  T* dx;
+  i64 dys, ys, dxs;
+  bool safe;
+  template <int VEC> struct View {
+    GradRow<T, VEC> g;
+    i64 slots;  // a row past the end has none
+  };
+  template <int SLOTS, int VEC> struct Held {
+    Vec<T, VEC> a[SLOTS], b[SLOTS];
+    View<VEC> view;
+  };
+  template <int VEC> PS_DEVICE View<VEC> row(i64 row, i64 rows, i64 cols) const {
     const bool active = row < rows;
     const i64 r = active ? row : 0;
     const GradRow<T, VEC> g(dy + r * dys, y + r * ys, dx + r * dxs, cols);
-    Vec<T, VEC> a[SLOTS], b[SLOTS];
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.load(k, a[s], b[s]);
-    }
+    return View<VEC>{g, active ? g.slots : 0};
+  }
+  template <int SLOTS, int VEC> PS_DEVICE void begin(const View<VEC>& view, Held<SLOTS, VEC>& held) const {
+    held.view = view;
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void load(const View<VEC>& view, i64 k, Held<SLOTS, VEC>& held, int s) const {
+    view.g.load(k, held.a[s], held.b[s]);
+  }
+  template <int SLOTS, int VEC> PS_DEVICE void absent(Held<SLOTS, VEC>&, int) const {}
+  template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE Finish finish(int lane, Held<SLOTS, VEC>& held) const {
     GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.add(k, a[s], b[s], acc);
+      const i64 k = (i64)s * LANES + lane;
+      if (k < held.view.slots) held.view.g.add(k, held.a[s], held.b[s], acc);
     }
     GradSum<C> total;
-    if constexpr (kBlock) {
+    if constexpr (LANES > WARP) {
       total = grad_reduce_block<OP, WARP>(acc.total);
     } else {
-      total = grad_reduce_lanes<GROUP>(acc.total, Backward<OP>::kTop);
+      total = grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop);
     }
-    const typename Backward<OP>::template Finish<C> f(total, safe != 0);
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.store(k, a[s], b[s], f);
-    }
+    return Finish(total, safe);
   }
-}
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const View<VEC>& view, i64 k, const Held<SLOTS, VEC>& held, int s, const Finish& f) const {
+    view.g.store(k, held.a[s], held.b[s], f);
+  }
+};
 
 // ---- a row split across co-resident blocks, held on chip -----------------------------------------
 // Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
@@ -313,20 +325,24 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   }
 }
 
-// ---- a row split across blocks, two passes -------------------------------------------------------
-// Rows too long to hold on chip: the first pass writes each chunk's GradSum (two doubles), the second
-// merges a row's chunks and reads the chunk again to finish it.
-template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_partials(const T* dy, const T* y, double* sums, i64 rows, i64 cols,
-                                   i64 dys, i64 ys, i64 chunk_slots, i64 chunks) {
+// ---- a row split across blocks, two passes: the gradient op -------------------------------------
+// Rows too long to hold on chip (softmax.cuh split_first_pass / split_second_pass): a chunk's partial
+// is its GradSum (two doubles), merged by warp 0; each pass streams its slots kDepth at a time.
+template <typename T, int OP> struct GradientSplit {
   typedef typename compute_of<T>::type C;
-  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
-    const i64 row = item / chunks, chunk = item % chunks;
-    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, nullptr, cols);
-    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
+  typedef typename Backward<OP>::template Finish<C> Finish;
+  static constexpr int kDepth = 4;  // slots in flight a thread before their use
+  const T* dy;
+  const T* y;
+  T* dx;  // the first pass writes none
+  i64 dys, ys, dxs;
+  bool safe;
+  template <int VEC> PS_DEVICE GradRow<T, VEC> row(i64 r, i64 cols) const {
+    return GradRow<T, VEC>(dy + r * dys, y + r * ys, dx + r * dxs, cols);
+  }
+  template <int WARP, int VEC> PS_DEVICE GradSum<C> chunk(const GradRow<T, VEC>& g, i64 begin, i64 end) const {
     GradAccumulator<OP, C> acc;
-    constexpr int kDepth = 4;  // slots in flight a thread before their use
-    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+    for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
       Vec<T, VEC> a[kDepth], b[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
@@ -339,21 +355,14 @@ PS_DEVICE void grad_split_partials(const T* dy, const T* y, double* sums, i64 ro
         if (k < end) g.add(k, a[u], b[u], acc);
       }
     }
-    const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
-    if (PS_THREAD_X == 0) {
-      sums[2 * item] = part.sum;
-      sums[2 * item + 1] = part.top;
-    }
+    return grad_reduce_block<OP, WARP>(acc.total);
   }
-}
-
-template <typename T, int OP, int WARP, int VEC>
-PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* sums, i64 rows,
-                                 i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunk_slots, i64 chunks, int safe) {
-  typedef typename compute_of<T>::type C;
-  PS_SHARED double row_total[2];
-  for (i64 item = PS_BLOCK_X; item < rows * chunks; item += PS_GRID_DIM_X) {
-    const i64 row = item / chunks, chunk = item % chunks;
+  PS_DEVICE void publish(double* sums, i64 job, GradSum<C> part) const {
+    sums[2 * job] = part.sum;
+    sums[2 * job + 1] = part.top;
+  }
+  template <int WARP> PS_DEVICE Finish merge(const double* sums, i64 row, i64 chunks) const {
+    PS_SHARED double row_total[2];
     if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
       GradSum<C> total = grad_identity<C>();
       for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
@@ -367,13 +376,13 @@ PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* s
       }
     }
     PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
-                                                      safe != 0);
-    PS_SYNC();
-    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
-    const i64 end = (chunk + 1) * chunk_slots < g.slots ? (chunk + 1) * chunk_slots : g.slots;
-    constexpr int kDepth = 4;
-    for (i64 k0 = chunk * chunk_slots + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
+    const Finish f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])}, safe);
+    PS_SYNC();  // row_total is written again for the next chunk
+    return f;
+  }
+  template <int VEC>
+  PS_DEVICE void finish_chunk(const GradRow<T, VEC>& g, i64 begin, i64 end, const Finish& f) const {
+    for (i64 k0 = begin + PS_THREAD_X; k0 < end; k0 += kDepth * PS_BLOCK_DIM_X) {
       Vec<T, VEC> a[kDepth], b[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
@@ -387,7 +396,7 @@ PS_DEVICE void grad_split_finish(const T* dy, const T* y, T* dx, const double* s
       }
     }
   }
-}
+};
 
 // ---- a strided axis ------------------------------------------------------------------------------
 // The arrays are (outer, cols, inner) with element strides. A block takes a tile of inner_tile
@@ -477,7 +486,8 @@ const int kGradStreamThreads = 256;       // the two-pass split
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \
-    ps::grad_rows<T, OP, W, G, S, V>(dy, y, dx, rows, cols, dys, ys, dxs, safe);                         \
+    ps::rows_in_registers<ps::GradientRows<T, OP>, W, G, S, V, 1>(                                        \
+        ps::GradientRows<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, rows, cols);                         \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
@@ -494,13 +504,15 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
       const T* dy, const T* y, double* sums, ps::i64 rows, ps::i64 cols, ps::i64 dys,                    \
       ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks) {                                                 \
-    ps::grad_split_partials<T, OP, W, V>(dy, y, sums, rows, cols, dys, ys, chunk_slots, chunks);         \
+    ps::split_first_pass<ps::GradientSplit<T, OP>, W, V>(                                                \
+        ps::GradientSplit<T, OP>{dy, y, nullptr, dys, ys, 0, false}, sums, rows, cols, chunk_slots, chunks); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_partials_##DT##_##OPN##_w##W##_v##V)                                           \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_finish_##DT##_##OPN##_w##W##_v##V(      \
       const T* dy, const T* y, T* dx, const double* sums, ps::i64 rows, ps::i64 cols,                    \
       ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunk_slots, ps::i64 chunks, int safe) {             \
-    ps::grad_split_finish<T, OP, W, V>(dy, y, dx, sums, rows, cols, dys, ys, dxs, chunk_slots, chunks, safe); \
+    ps::split_second_pass<ps::GradientSplit<T, OP>, W, V>(                                               \
+        ps::GradientSplit<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, sums, rows, cols, chunk_slots, chunks); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_finish_##DT##_##OPN##_w##W##_v##V)
 
