@@ -364,14 +364,14 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
 // ---- rows in registers: a group of lanes a row, or a block a row -----------------------------
 // The regime of rows that registers hold, for every op. A group of LANES consecutive lanes takes a
 // row: LANES < WARP packs WARP / LANES short rows into one warp, LANES == WARP gives a warp a row,
-// and LANES > WARP (LANES = blockDim) a block a row, where the op allows it. Each lane holds SLOTS
+// and LANES > WARP (LANES = blockDim) a block a row, for an op whose finish reduces across warps
+// (the forward's is at most a warp). Each lane holds SLOTS
 // slots of VEC elements (slots lane, lane + LANES, ...), so a row is read once and written once, and
 // a group takes BATCH rows a step (WarpBatch), so that short rows still keep 32 bytes a lane in
 // flight. Every lane of a group takes part in its reductions, also for rows past the end, which read
 // as empty rows and are not stored. The op policy Op says what a row is:
-//   Op::row<VEC>(row, rows, cols)      a row's arrays as aligned slots (past the end: an empty row)
+//   Op::row<VEC>(row, rows, cols)      a row's arrays as its view.slots aligned slots
 //   Op::Held<SLOTS, VEC>               what a lane holds of a row
-//   Op::begin(row, held)               a row's view kept with its slots, where the op needs it
 //   Op::load / Op::absent              a slot of the row, and a slot past its end
 //   Op::finish<WARP, LANES>(lane, held)  the row's reduction over its group: how its slots finish
 //   Op::store                          a slot's outputs
@@ -396,13 +396,12 @@ PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      const auto rs = op.template row<VEC>(row, rows, cols);
-      op.begin(rs, held[b]);
+      const auto view = op.template row<VEC>(row, rows, cols);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
-        if (k < rs.slots) {
-          op.load(rs, k, held[b], s);
+        if (k < view.slots) {
+          op.load(view, k, held[b], s);
         } else {
           op.absent(held[b], s);
         }
@@ -413,11 +412,11 @@ PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
       const i64 row = first_row + b * groups_per_block + group;
       const auto finish = op.template finish<WARP, LANES>(lane, held[b]);
       if (row >= rows) continue;
-      const auto rs = op.template row<VEC>(row, rows, cols);
+      const auto view = op.template row<VEC>(row, rows, cols);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = (i64)s * LANES + lane;
-        if (k < rs.slots) op.store(rs, k, held[b], s, finish);
+        if (k < view.slots) op.store(view, k, held[b], s, finish);
       }
     }
   }
@@ -445,7 +444,6 @@ template <typename T, int OP> struct ForwardRows {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) held.v[s * VEC + j] = ps_neg_inf<C>();
   }
-  template <int SLOTS, int VEC> PS_DEVICE void begin(const RowSlots<T, VEC>&, Held<SLOTS, VEC>&) const {}
   template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE InPlace finish(int, Held<SLOTS, VEC>& held) const {
     static_assert(LANES <= WARP, "the forward holds a row in the registers of at most a warp");
     softmax_in_registers<OP, T, LANES, SLOTS * VEC>(held.v, safe);
