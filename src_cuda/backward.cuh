@@ -193,48 +193,58 @@ template <typename T, int VEC> struct GradRow {
   }
 };
 
-// ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
-// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
-// so the row is read once and written once. Groups of a warp step through rows together (a row
-// past the end takes part in the shuffles and stores nothing).
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC>
-PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+// ---- the gradient op of the rows-in-registers regime (softmax.cuh rows_in_registers) -------------
+// A lane holds its slots of dy and y as stored (widened again to finish them), so the row is read
+// once and written once; a group of lanes (or a block) sums the row's terms and finishes its slots.
+template <typename T, int OP> struct GradientRows {
   typedef typename compute_of<T>::type C;
-  constexpr bool kBlock = GROUP > WARP;
-  const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
-  const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
-  const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
-  for (i64 base = (i64)PS_BLOCK_X * groups; base < rows; base += (i64)PS_GRID_DIM_X * groups) {
-    const i64 row = base + group;
+  typedef typename Backward<OP>::template Finish<C> Finish;
+  const T* dy;
+  const T* y;
+  T* dx;
+  i64 dys, ys, dxs;
+  bool safe;
+  static constexpr bool kPastEndViewIsEmpty = true;  // one test a slot: fewer registers than a branch
+  template <int VEC> struct View {
+    GradRow<T, VEC> g;
+    i64 slots;  // a row past the end has none
+  };
+  template <int SLOTS, int VEC> struct Held {
+    Vec<T, VEC> a[SLOTS], b[SLOTS];
+  };
+  template <int VEC> PS_DEVICE View<VEC> row(i64 row, i64 rows, i64 cols) const {
     const bool active = row < rows;
     const i64 r = active ? row : 0;
     const GradRow<T, VEC> g(dy + r * dys, y + r * ys, dx + r * dxs, cols);
-    Vec<T, VEC> a[SLOTS], b[SLOTS];
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.load(k, a[s], b[s]);
-    }
+    return View<VEC>{g, active ? g.slots : 0};
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void load(const View<VEC>& view, i64 k, Held<SLOTS, VEC>& held, int s) const {
+    view.g.load(k, held.a[s], held.b[s]);
+  }
+  template <int SLOTS, int VEC> PS_DEVICE void absent(Held<SLOTS, VEC>&, int) const {}
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE Finish finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
+    const View<VEC> view = this->row<VEC>(row, rows, cols);  // again, not held across the loads: fewer registers
     GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.add(k, a[s], b[s], acc);
+      const i64 k = (i64)s * LANES + lane;
+      if (k < view.slots) view.g.add(k, held.a[s], held.b[s], acc);
     }
     GradSum<C> total;
-    if constexpr (kBlock) {
+    if constexpr (LANES > WARP) {
       total = grad_reduce_block<OP, WARP>(acc.total);
     } else {
-      total = grad_reduce_lanes<GROUP>(acc.total, Backward<OP>::kTop);
+      total = grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop);
     }
-    const typename Backward<OP>::template Finish<C> f(total, safe != 0);
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.store(k, a[s], b[s], f);
-    }
+    return Finish(total, safe);
   }
-}
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const View<VEC>& view, i64 k, const Held<SLOTS, VEC>& held, int s, const Finish& f) const {
+    view.g.store(k, held.a[s], held.b[s], f);
+  }
+};
 
 // ---- a row split across co-resident blocks, held on chip -----------------------------------------
 // Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
@@ -473,7 +483,9 @@ const int kGradStreamThreads = 256;       // the two-pass split
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \
-    ps::grad_rows<T, OP, W, G, S, V>(dy, y, dx, rows, cols, dys, ys, dxs, safe);                         \
+    constexpr int kBatch = G > W ? 1 : ps::WarpBatch<T, S, V>::rows; /* rows a group a step */           \
+    ps::rows_in_registers<ps::GradientRows<T, OP>, W, G, S, V, kBatch>(                                   \
+        ps::GradientRows<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, rows, cols);                         \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 

@@ -364,15 +364,17 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
 // The regime of rows that registers hold, for every op. A group of LANES consecutive lanes takes a
 // row: LANES < WARP packs WARP / LANES short rows into one warp, LANES == WARP gives a warp a row,
 // and LANES > WARP (LANES = blockDim) a block a row, for an op whose finish reduces across warps
-// (the forward's is at most a warp). Each lane holds SLOTS
+// (the gradient's; the forward's is at most a warp). Each lane holds SLOTS
 // slots of VEC elements (slots lane, lane + LANES, ...), so a row is read once and written once, and
 // a group takes BATCH rows a step (WarpBatch), so that short rows still keep 32 bytes a lane in
 // flight. Every lane of a group takes part in its reductions, also for rows past the end, which read
 // as empty rows and are not stored. The op policy Op says what a row is:
 //   Op::row<VEC>(row, rows, cols)      a row's arrays as its view.slots aligned slots
+//   Op::kPastEndViewIsEmpty            a row past the end holds no slot (else it is skipped at the store)
 //   Op::Held<SLOTS, VEC>               what a lane holds of a row
 //   Op::load / Op::absent              a slot of the row, and a slot past its end
-//   Op::finish<WARP, LANES>(lane, held)  the row's reduction over its group: how its slots finish
+//   Op::finish<WARP, LANES>(held, lane, row, rows, cols)  the row's reduction over its group: how its
+//                                      slots finish
 //   Op::store                          a slot's outputs
 template <typename T, int SLOTS, int VEC> struct WarpBatch {
   static const int bytes = SLOTS * VEC * (int)sizeof(T);
@@ -409,8 +411,10 @@ PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
       const i64 row = first_row + b * groups_per_block + group;
-      const auto finish = op.template finish<WARP, LANES>(lane, held[b]);
-      if (row >= rows) continue;
+      const auto finish = op.template finish<WARP, LANES>(held[b], lane, row, rows, cols);
+      if constexpr (!Op::kPastEndViewIsEmpty) {
+        if (row >= rows) continue;
+      }
       const auto view = op.template row<VEC>(row, rows, cols);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
@@ -426,6 +430,7 @@ PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
 template <typename T, int OP> struct ForwardRows {
   typedef typename compute_of<T>::type C;
   struct InPlace {};
+  static constexpr bool kPastEndViewIsEmpty = false;  // its slots read as -inf, so that it reduces
   const T* x;
   T* y;
   i64 x_stride, y_stride;
@@ -443,7 +448,8 @@ template <typename T, int OP> struct ForwardRows {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) held.v[s * VEC + j] = ps_neg_inf<C>();
   }
-  template <int WARP, int LANES, int SLOTS, int VEC> PS_DEVICE InPlace finish(int, Held<SLOTS, VEC>& held) const {
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE InPlace finish(Held<SLOTS, VEC>& held, int, i64, i64, i64) const {
     static_assert(LANES <= WARP, "the forward holds a row in the registers of at most a warp");
     softmax_in_registers<OP, T, LANES, SLOTS * VEC>(held.v, safe);
     return InPlace();
