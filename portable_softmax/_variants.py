@@ -430,6 +430,18 @@ def grad_narrow_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]
     return sorted(shapes)
 
 
+#: rows a group of one scalar slot a lane takes a step, at most (backward.cuh kGradMaxBatch)
+GRAD_MAX_BATCH = 8
+
+
+def grad_rows_batch(dtype: str, warp: int, lanes: int, slots: int, vec: int) -> int:
+    """Rows a group takes a step in the gradient's rows regime (backward.cuh GradRowsBatch): groups
+    of one scalar slot a lane take warp_batch rows, up to GRAD_MAX_BATCH; the others one."""
+    if lanes <= warp and slots == 1 and vec == 1:
+        return min(GRAD_MAX_BATCH, warp_batch(dtype, slots, vec))
+    return 1
+
+
 def grad_rows_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: int) -> str:
     return f"ps_bwd_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 

@@ -104,7 +104,7 @@ def _row_args(p: GradRowProblem) -> tuple:
 def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, slots: int, tier: str) -> Plan:
     warp = device.warp_size
     threads = lanes if lanes > warp else V.GRAD_ROWS_THREADS
-    rows_a_block = threads // lanes * V.warp_batch(p.dtype, slots, s.vec) if lanes <= warp else 1  # WarpBatch
+    rows_a_block = threads // lanes * V.grad_rows_batch(p.dtype, warp, lanes, slots, s.vec) if lanes <= warp else 1
     name = V.grad_rows_name(p.dtype, p.op, warp, lanes, slots, s.vec)
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), *_row_args(p), (I32, int(p.safe)))
     launch = Launch(name, grid_for(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False)

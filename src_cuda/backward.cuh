@@ -193,9 +193,54 @@ template <typename T, int VEC> struct GradRow {
   }
 };
 
-// ---- the gradient op of the rows-in-registers regime (softmax.cuh rows_in_registers) -------------
-// A lane holds its slots of dy and y as stored (widened again to finish them), so the row is read
-// once and written once; a group of lanes (or a block) sums the row's terms and finishes its slots.
+// ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
+// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
+// so the row is read once and written once. Groups of a warp step through rows together (a row
+// past the end takes part in the shuffles and stores nothing).
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC>
+PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+  typedef typename compute_of<T>::type C;
+  constexpr bool kBlock = GROUP > WARP;
+  const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
+  const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
+  const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
+  for (i64 base = (i64)PS_BLOCK_X * groups; base < rows; base += (i64)PS_GRID_DIM_X * groups) {
+    const i64 row = base + group;
+    const bool active = row < rows;
+    const i64 r = active ? row : 0;
+    const GradRow<T, VEC> g(dy + r * dys, y + r * ys, dx + r * dxs, cols);
+    Vec<T, VEC> a[SLOTS], b[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.load(k, a[s], b[s]);
+    }
+    GradAccumulator<OP, C> acc;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.add(k, a[s], b[s], acc);
+    }
+    GradSum<C> total;
+    if constexpr (kBlock) {
+      total = grad_reduce_block<OP, WARP>(acc.total);
+    } else {
+      total = grad_reduce_lanes<GROUP>(acc.total, Backward<OP>::kTop);
+    }
+    const typename Backward<OP>::template Finish<C> f(total, safe != 0);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (active && k < g.slots) g.store(k, a[s], b[s], f);
+    }
+  }
+}
+
+// ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one scalar a lane ----------
+// Rows of a few scalar slots (short rows at mixed offsets, rows of one or two columns) gain from
+// taking several rows a group a step (WarpBatch, up to kGradMaxBatch), as the forward's do: float32
+// rows of one or two columns went from 76-82 to 87-98% of the copy (H200). Groups of vector slots
+// keep grad_rows: there the batched policy ran 8-38% slower, and at one row a step 1-3% slower.
 template <typename T, int OP> struct GradientRows {
   typedef typename compute_of<T>::type C;
   typedef typename Backward<OP>::template Finish<C> Finish;
@@ -244,6 +289,14 @@ template <typename T, int OP> struct GradientRows {
   PS_DEVICE void store(const View<VEC>& view, i64 k, const Held<SLOTS, VEC>& held, int s, const Finish& f) const {
     view.g.store(k, held.a[s], held.b[s], f);
   }
+};
+
+// Rows a group takes a step in the rows regime (_variants.grad_rows_batch).
+const int kGradMaxBatch = 8;
+template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBatch {
+  static const int warp_batch = WarpBatch<T, SLOTS, VEC>::rows;
+  static const int batch = warp_batch < kGradMaxBatch ? warp_batch : kGradMaxBatch;
+  static const int rows = GROUP <= WARP && SLOTS == 1 && VEC == 1 ? batch : 1;
 };
 
 // ---- a row split across co-resident blocks, held on chip -----------------------------------------
@@ -483,9 +536,12 @@ const int kGradStreamThreads = 256;       // the two-pass split
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \
-    constexpr int kBatch = G > W ? 1 : ps::WarpBatch<T, S, V>::rows; /* rows a group a step */           \
-    ps::rows_in_registers<ps::GradientRows<T, OP>, W, G, S, V, kBatch>(                                   \
-        ps::GradientRows<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, rows, cols);                         \
+    if constexpr (ps::GradRowsBatch<T, W, G, S, V>::rows > 1) {                                          \
+      ps::rows_in_registers<ps::GradientRows<T, OP>, W, G, S, V, ps::GradRowsBatch<T, W, G, S, V>::rows>( \
+          ps::GradientRows<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, rows, cols);                       \
+    } else {                                                                                             \
+      ps::grad_rows<T, OP, W, G, S, V>(dy, y, dx, rows, cols, dys, ys, dxs, safe);                       \
+    }                                                                                                    \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
