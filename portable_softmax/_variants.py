@@ -436,8 +436,8 @@ GRAD_MAX_BATCH = 8
 
 def grad_rows_batch(dtype: str, warp: int, lanes: int, slots: int, vec: int) -> int:
     """Rows a group takes a step in the gradient's rows regime (backward.cuh GradRowsBatch): groups
-    of one scalar slot a lane take warp_batch rows, up to GRAD_MAX_BATCH; the others one."""
-    if lanes <= warp and slots == 1 and vec == 1:
+    of one float32 scalar a lane take warp_batch rows, up to GRAD_MAX_BATCH; the others one."""
+    if lanes <= warp and slots == 1 and vec == 1 and DTYPES[dtype][2] == 4:
         return min(GRAD_MAX_BATCH, warp_batch(dtype, slots, vec))
     return 1
 

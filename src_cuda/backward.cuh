@@ -236,11 +236,13 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
   }
 }
 
-// ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one scalar a lane ----------
-// Rows of a few scalar slots (short rows at mixed offsets, rows of one or two columns) gain from
-// taking several rows a group a step (WarpBatch, up to kGradMaxBatch), as the forward's do: float32
-// rows of one or two columns went from 76-82 to 87-98% of the copy (H200). Groups of vector slots
-// keep grad_rows: there the batched policy ran 8-38% slower, and at one row a step 1-3% slower.
+// ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one float32 a lane ---------
+// Rows of a few float32 scalar slots (rows of one to a few columns, short rows at mixed offsets)
+// gain from several rows a group a step (WarpBatch, up to kGradMaxBatch), as the forward's do: rows
+// of 1, 2, 3 and 10 columns went from 82, 80, 64 and 56 to 98, 98, 72 and 60% of the copy (softmax;
+// log_softmax 77, 76, 59, 50 to 96, 88, 64, 50; H200). 16-bit rows of 2-7 columns fell by 2-4
+// points batched and float64 ones stayed level, so they keep grad_rows, as do groups of vector slots
+// (the batched policy ran those 8-38% slower, and one row a step 1-3% slower).
 template <typename T, int OP> struct GradientRows {
   typedef typename compute_of<T>::type C;
   typedef typename Backward<OP>::template Finish<C> Finish;
@@ -296,7 +298,7 @@ const int kGradMaxBatch = 8;
 template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBatch {
   static const int warp_batch = WarpBatch<T, SLOTS, VEC>::rows;
   static const int batch = warp_batch < kGradMaxBatch ? warp_batch : kGradMaxBatch;
-  static const int rows = GROUP <= WARP && SLOTS == 1 && VEC == 1 ? batch : 1;
+  static const int rows = GROUP <= WARP && SLOTS == 1 && VEC == 1 && sizeof(T) == 4 ? batch : 1;
 };
 
 // ---- a row split across co-resident blocks, held on chip -----------------------------------------
