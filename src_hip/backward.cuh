@@ -238,12 +238,9 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 }
 
 // ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one float32 a lane ---------
-// Rows of a few float32 scalar slots (rows of one to a few columns, short rows at mixed offsets)
-// gain from several rows a group a step (WarpBatch, up to kGradMaxBatch), as the forward's do: rows
-// of 1, 2, 3 and 10 columns went from 82, 80, 64 and 56 to 98, 98, 72 and 60% of the copy (softmax;
-// log_softmax 77, 76, 59, 50 to 96, 88, 64, 50; H200). 16-bit rows of 2-7 columns fell by 2-4
-// points batched and float64 ones stayed level, so they keep grad_rows, as do groups of vector slots
-// (the batched policy ran those 8-38% slower, and one row a step 1-3% slower).
+// Such groups gain from taking several rows a step (WarpBatch, up to kGradMaxBatch), as the
+// forward's do; 16-bit and float64 ones, and groups of vector slots, ran no faster or slower so, and
+// keep grad_rows (docs/design.md).
 template <typename T, int OP> struct GradientRows {
   typedef typename compute_of<T>::type C;
   typedef typename Backward<OP>::template Finish<C> Finish;
@@ -280,13 +277,7 @@ template <typename T, int OP> struct GradientRows {
       const i64 k = (i64)s * LANES + lane;
       if (k < view.slots) view.g.add(k, held.a[s], held.b[s], acc);
     }
-    GradSum<C> total;
-    if constexpr (LANES > WARP) {
-      total = grad_reduce_block<OP, WARP>(acc.total);
-    } else {
-      total = grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop);
-    }
-    return Finish(total, safe);
+    return Finish(grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop), safe);
   }
   template <int SLOTS, int VEC>
   PS_DEVICE void store(const View<VEC>& view, i64 k, const Held<SLOTS, VEC>& held, int s, const Finish& f) const {

@@ -361,15 +361,14 @@ PS_DEVICE void softmax_in_registers(typename compute_of<T>::type* v, bool safe) 
   }
 }
 
-// ---- rows in registers: a group of lanes a row, or a block a row -----------------------------
-// The regime of rows that registers hold, for every op. A group of LANES consecutive lanes takes a
-// row: LANES < WARP packs WARP / LANES short rows into one warp, LANES == WARP gives a warp a row,
-// and LANES > WARP (LANES = blockDim) a block a row, for an op whose finish reduces across warps
-// (the gradient's; the forward's is at most a warp). Each lane holds SLOTS
-// slots of VEC elements (slots lane, lane + LANES, ...), so a row is read once and written once, and
-// a group takes BATCH rows a step (WarpBatch), so that short rows still keep 32 bytes a lane in
-// flight. Every lane of a group takes part in its reductions, also for rows past the end, which read
-// as empty rows and are not stored. The op policy Op says what a row is:
+// ---- rows in registers: a group of lanes a row --------------------------------------------------
+// The regime of rows that registers hold, for every op. A group of LANES consecutive lanes (LANES
+// divides WARP) takes a row: LANES < WARP packs WARP / LANES short rows into one warp, LANES == WARP
+// gives a warp a row. Each lane holds SLOTS slots of VEC elements (slots lane, lane + LANES, ...),
+// so a row is read once and written once, and a group takes BATCH rows a step (WarpBatch), so that
+// short rows still keep 32 bytes a lane in flight. Every lane of a group takes part in its
+// reductions, also for rows past the end, which read as empty rows and are not stored. The op
+// policy Op says what a row is:
 //   Op::row<VEC>(row, rows, cols)      a row's arrays as its view.slots aligned slots
 //   Op::kPastEndViewIsEmpty            a row past the end holds no slot (else it is skipped at the store)
 //   Op::Held<SLOTS, VEC>               what a lane holds of a row
@@ -384,11 +383,10 @@ template <typename T, int SLOTS, int VEC> struct WarpBatch {
 
 template <typename Op, int WARP, int LANES, int SLOTS, int VEC, int BATCH>
 PS_DEVICE void rows_in_registers(const Op& op, i64 rows, i64 cols) {
-  constexpr bool kBlock = LANES > WARP;
-  static_assert(kBlock || WARP % LANES == 0, "a row group lies inside one warp");
-  const int lane = kBlock ? static_cast<int>(PS_THREAD_X) : static_cast<int>(PS_THREAD_X % LANES);
-  const i64 group = kBlock ? 0 : PS_THREAD_X / LANES;
-  const i64 groups_per_block = kBlock ? 1 : PS_BLOCK_DIM_X / LANES;
+  static_assert(LANES <= WARP && WARP % LANES == 0, "a row group lies inside one warp");
+  const int lane = static_cast<int>(PS_THREAD_X % LANES);
+  const i64 group = PS_THREAD_X / LANES;
+  const i64 groups_per_block = PS_BLOCK_DIM_X / LANES;
   const i64 rows_per_step = groups_per_block * BATCH;
   // The bound depends on the block only, so all lanes of a warp stay in the
   // loop together and every shuffle sees its whole lane group.
@@ -451,7 +449,6 @@ template <typename T, int OP> struct ForwardRows {
   }
   template <int WARP, int LANES, int SLOTS, int VEC>
   PS_DEVICE InPlace finish(Held<SLOTS, VEC>& held, int, i64, i64, i64) const {
-    static_assert(LANES <= WARP, "the forward holds a row in the registers of at most a warp");
     softmax_in_registers<OP, T, LANES, SLOTS * VEC>(held.v, safe);
     return InPlace();
   }
