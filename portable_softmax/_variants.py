@@ -402,9 +402,7 @@ def grad_rows_shapes(dtype: str, warp: int) -> list[tuple[int, int]]:
 
 
 #: 16-bit rows whose stride is not a whole 16 bytes, of at most this many 16-byte vectors, take 8- or
-#: 4-byte vectors instead (every row then starts at the same offset in its vectors): 16-byte vectors
-#: would load each short row's two partial ends element by element. Longer rows keep 16 bytes, their
-#: ends a small part of the row (rows of 500 took 8% longer in 8-byte vectors)
+#: 4-byte vectors instead, so that every row starts at the same offset in them (docs/design.md)
 GRAD_NARROW_MAX_VECTORS = 32
 
 
@@ -418,16 +416,22 @@ def grad_narrow_max_slots(dtype: str, vec: int) -> int:
     return GRAD_NARROW_MAX_VECTORS * vector_widths(dtype)[1] // vec
 
 
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def grad_group_shape(slots: int, warp: int) -> tuple[int, int]:
+    """(lanes a row, slots a lane) of the group or warp that holds a row of ``slots`` slots: the
+    fewest lanes (a power of two) of one slot each, else a warp of the fewest slots (a power of two)."""
+    if slots <= warp:
+        return next_pow2(slots), 1
+    return warp, next_pow2(-(-slots // warp))
+
+
 def grad_narrow_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
     """(lanes a row, slots a lane) built at a narrow width: the group or warp that takes a row of at
     least 32 elements (shorter ones stay scalar) in at most grad_narrow_max_slots slots."""
-    shapes = set()
-    for slots in range(32 // vec, grad_narrow_max_slots(dtype, vec) + 1):
-        if slots <= warp:
-            shapes.add((1 << (slots - 1).bit_length(), 1))
-        else:
-            shapes.add((warp, 1 << (-(-slots // warp) - 1).bit_length()))
-    return sorted(shapes)
+    return sorted({grad_group_shape(slots, warp) for slots in range(32 // vec, grad_narrow_max_slots(dtype, vec) + 1)})
 
 
 #: rows a group of one scalar slot a lane takes a step, at most (backward.cuh kGradMaxBatch)

@@ -92,10 +92,6 @@ class Rule:
     build: Callable[[GradTuning, GradRowProblem, DeviceProfile, _Shape], Plan]
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def _row_args(p: GradRowProblem) -> tuple:
     dys, ys, dxs = p.row_strides()
     return ((I64, p.rows), (I64, p.cols), (I64, dys), (I64, ys), (I64, dxs))
@@ -127,14 +123,9 @@ def _cached_fits(t: GradTuning, device: DeviceProfile) -> bool:
     return V.GRAD_CACHED_THREADS <= device.max_threads_per_block
 
 
-def _group(t, p, device, s):
-    lanes = _next_pow2(s.slots)
-    return _rows_plan(p, device, s, lanes, 1, "warp")
-
-
-def _warp(t, p, device, s):
-    slots = _next_pow2(ceil(s.slots / device.warp_size))
-    return _rows_plan(p, device, s, device.warp_size, slots, "warp")
+def _in_a_warp(t, p, device, s):
+    lanes, slots = V.grad_group_shape(s.slots, device.warp_size)
+    return _rows_plan(p, device, s, lanes, slots, "warp")
 
 
 def _block(t, p, device, s):
@@ -180,9 +171,9 @@ def _split(t, p, device, s):
 #: the row rules, in order: the first that applies plans
 ROW_RULES: tuple[Rule, ...] = (
     Rule("a group of lanes a row", "rows of at most a warp's slots: one slot a lane, several rows a warp, "
-         "each load a whole vector of every lane", lambda t, p, d, s: s.slots <= d.warp_size, _group),
+         "each load a whole vector of every lane", lambda t, p, d, s: s.slots <= d.warp_size, _in_a_warp),
     Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles",
-         lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _warp),
+         lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _in_a_warp),
     Rule("a block a row", "rows one block's registers hold, while there are rows enough for the device",
          lambda t, p, d, s: _block_shape(p.dtype, d, s.slots) is not None and not _few_rows(t, p, d, s), _block),
     Rule("a row split across blocks, on chip", "longer rows (or a few long ones) whose chunks fit the "
@@ -202,14 +193,15 @@ def grad_vector_width(p: GradRowProblem, narrow: bool = True) -> int:
     fit grad_narrow_max_slots of it (the split regimes are built for 1 and the widest only)."""
     widest = V.vector_widths(p.dtype)[1]
     strides = p.row_strides()
-    if narrow and p.rows > 1 and strides[0] % widest != 0 and p.cols >= 4 * widest:
+    unaligned_step = p.rows > 1 and strides[0] % widest != 0
+    if narrow and unaligned_step and p.cols >= 4 * widest:
         for vec in V.grad_narrow_widths(p.dtype):
             if (all(s % vec == 0 for s in strides) and len({m % vec for m in p.misaligns}) == 1
-                    and ceil((p.misaligns[0] % vec + p.cols) / vec) <= V.grad_narrow_max_slots(p.dtype, vec)):
+                    and grad_slots(p, vec) <= V.grad_narrow_max_slots(p.dtype, vec)):
                 return vec
     same_base = len({m % widest for m in p.misaligns}) == 1
     same_step = p.rows <= 1 or len({s % widest for s in strides}) == 1
-    short_unaligned = p.rows > 1 and strides[0] % widest != 0 and p.cols < 4 * widest
+    short_unaligned = unaligned_step and p.cols < 4 * widest
     return widest if same_base and same_step and not short_unaligned else 1
 
 
@@ -261,7 +253,7 @@ def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
     block, the reduced axis split among its column groups."""
     if p.outer * p.inner <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    inner_tile = min(device.warp_size, _next_pow2(p.inner))
+    inner_tile = min(device.warp_size, V.next_pow2(p.inner))
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),

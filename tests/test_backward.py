@@ -241,11 +241,11 @@ BUILT_PROFILES = {"cuda": [PROFILES["h100"]], "hip": [PROFILES["mi300x"], PROFIL
 
 def _witness_problems(dtype: str):
     widest = V.vector_widths(dtype)[1]
+    narrow = {36, 50, 60, 90, 100, 126, 130, 196, 250, 254}  # 16-bit strides 4 or 8 bytes past 16
+    all_cols = sorted({c for k in range(21) for c in (1 << k, (1 << k) + 1, 3 << k)} | narrow | {10**7})
     for op in ("softmax", "log_softmax"):
         for rows in (1, 3, 4096):
-            # and rows whose 16-bit stride is 4 or 8 bytes past a multiple of 16 (narrow vectors)
-            narrow = {36, 50, 60, 90, 100, 126, 130, 196, 250, 254}
-            for cols in sorted({c for k in range(21) for c in (1 << k, (1 << k) + 1, 3 << k)} | narrow | {10**7}):
+            for cols in all_cols:
                 if rows * cols > 10**8:
                     continue
                 for misaligns in ((0, 0, 0), (1, 1, 1), (0, 1, 0)):
