@@ -299,24 +299,41 @@ template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBa
 // (a GradSum per chunk of each row, as two doubles, and a count per row) is zero at the start and left
 // zero: a row's arrivals tell that the previous row's sums are read, so each block clears its own;
 // the last block to leave the last row clears that one.
+// Where copies are asynchronous (kAsyncSlots), the block's next row is copied to shared memory once
+// this row's total is known, so that its loads are in flight while this row is finished and stored
+// (copies issued before the row's chunks meet delay the meeting: docs/design.md); a thread reads
+// back only the slots it copied, so no barrier is needed. The partial slots at a row's ends are
+// loaded directly.
+const int kGradCachedThreads = 256;  // a chunk of the on-chip split (the launch bound)
+
 template <typename T, int OP, int WARP, int SLOTS, int VEC>
 PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
                                  int safe) {
   typedef typename compute_of<T>::type C;
+  typedef Vec<T, VEC> Slot;
+  constexpr bool kPrefetch = kAsyncSlots<T, VEC>;
+  constexpr int kStaged = kPrefetch ? SLOTS * kGradCachedThreads : 1;
+  PS_SHARED_COPY_TARGET(Slot, next_dy, kStaged);
+  PS_SHARED_COPY_TARGET(Slot, next_y, kStaged);
   PS_SHARED double row_total[2];
   const i64 rows_per_round = PS_GRID_DIM_X / chunks;
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
   const i64 begin = chunk * (i64)PS_BLOCK_DIM_X * SLOTS + PS_THREAD_X;
-  for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
+  Vec<T, VEC> a[SLOTS], b[SLOTS];
+  {
+    const i64 row = PS_BLOCK_X / chunks;
     const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
-    Vec<T, VEC> a[SLOTS], b[SLOTS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
       if (k < g.slots) g.load(k, a[s], b[s]);
     }
+  }
+  for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
+    const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
+    const i64 next_row = row + rows_per_round;
     GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -355,10 +372,42 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
     const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
                                                       safe != 0);
     PS_SYNC();  // row_total is written again for the next row
+#if PS_ASYNC_COPY
+    if constexpr (kPrefetch) {
+      if (next_row < rows) {
+        const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+          if (k < next.slots && next.full(k)) {
+            const i64 first = k * VEC - next.pad;
+            async_copy<sizeof(Slot)>(&next_dy[s * kGradCachedThreads + PS_THREAD_X], next.dy + first);
+            async_copy<sizeof(Slot)>(&next_y[s * kGradCachedThreads + PS_THREAD_X], next.y + first);
+          }
+        }
+      }
+    }
+#endif
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
       if (k < g.slots) g.store(k, a[s], b[s], f);
+    }
+    if (next_row < rows) {  // the next row into registers
+      const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
+#if PS_ASYNC_COPY
+      if constexpr (kPrefetch) async_copy_wait_all();
+#endif
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+        if (kPrefetch && k < next.slots && next.full(k)) {
+          a[s] = next_dy[s * kGradCachedThreads + PS_THREAD_X];
+          b[s] = next_y[s * kGradCachedThreads + PS_THREAD_X];
+        } else if (k < next.slots) {
+          next.load(k, a[s], b[s]);
+        }
+      }
     }
     // The blocks' last row: chunks departures after its chunks arrivals; the last to leave clears it.
     if (row + rows_per_round >= rows && PS_THREAD_X == 0 && depart_last(arrivals + row, chunks, chunks)) {
@@ -514,7 +563,6 @@ PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols,
 
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
 const int kGradRowsThreads = 256;         // groups of lanes a row
-const int kGradCachedThreads = 256;       // a chunk of the on-chip split
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 const int kGradStreamThreads = 256;       // the two-pass split
 

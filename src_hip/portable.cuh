@@ -188,6 +188,8 @@ template <int PENDING> PS_DEVICE void async_copy_wait_group() { ps_emu_async_wai
 #if !defined(PORTABLE_SOFTMAX_EMULATION)
 #define PS_GLOBAL extern "C" __global__
 #define PS_SHARED __shared__
+// A static shared array that asynchronous copies fill (the emulation checks their destinations).
+#define PS_SHARED_COPY_TARGET(T, name, n) __shared__ T name[n]
 #define PS_SYNC() __syncthreads()
 #define PS_THREAD_X threadIdx.x
 #define PS_BLOCK_X blockIdx.x

@@ -100,6 +100,33 @@ def test_the_on_chip_split_takes_rows_in_rounds(runtime, rng, dtype, rows_a_roun
         assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {rows_a_round} rows a round")
 
 
+@pytest.fixture(scope="module")
+def async_library() -> EmulationLibrary:
+    return _library_or_skip(SRC_CUDA, tuple(V.DTYPES), ("PS_EMULATE_ASYNC_COPY",))
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_the_on_chip_split_copies_the_next_row_ahead(async_library, rng, dtype, offset):
+    """Where copies are asynchronous (NVIDIA sm_80 and newer), a block copies its next row to shared
+    memory while it finishes the current one: in the emulation those copies land only at the wait, so
+    a row read before its copies arrive fails. Rows in rounds of one and two, whole rows and rows
+    with a partial head (the partial slots loaded directly)."""
+    runtime = EmulatedRuntime(async_library, 32)
+    cols = 3 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * V.vector_widths(dtype)[1] - 5
+    tuning = GradTuning(few_rows_fraction=0)
+    for rows, rows_a_round in [(5, 1), (7, 2)]:
+        for op in ("softmax", "log_softmax"):
+            problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
+            the_plan = plan_backward(problem, runtime.profile(0), tuning)
+            assert the_plan.tier == "cached", the_plan
+            launch = replace(the_plan.launches[0], grid=the_plan.notes["chunks"] * rows_a_round)
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3)
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} offset {offset} {rows_a_round} a round")
+
+
 @pytest.mark.parametrize("offsets", [(1, 1, 1), (1, 2, 3), (0, 0, 1)])
 def test_misaligned_rows_take_partial_slots_or_scalars(runtime, rng, offsets):
     """The same offset on all three arrays takes vector slots with a partial head; different offsets

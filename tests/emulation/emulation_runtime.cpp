@@ -133,11 +133,22 @@ class Worker {
 
   const std::string& error() const { return error_; }
 
-  // Whether [at, at + bytes) lies in the block's dynamic shared memory.
-  bool in_dynamic_shared(const void* at, std::size_t bytes) const {
+  // Whether [at, at + bytes) lies in the block's dynamic shared memory, or in a static array it
+  // declared a destination of copies (PS_SHARED_COPY_TARGET).
+  bool in_copy_destination(const void* at, std::size_t bytes) const {
     const unsigned char* first = reinterpret_cast<const unsigned char*>(shared_.data());
     const unsigned char* p = static_cast<const unsigned char*>(at);
-    return p >= first && p + bytes <= first + spec_->shared_bytes;
+    if (p >= first && p + bytes <= first + spec_->shared_bytes) return true;
+    return std::any_of(copy_targets_.begin(), copy_targets_.end(), [&](const auto& target) {
+      return p >= target.first && p + bytes <= target.first + target.second;
+    });
+  }
+  void add_copy_target(const void* at, std::size_t bytes) {
+    const unsigned char* p = static_cast<const unsigned char*>(at);
+    for (const auto& target : copy_targets_) {
+      if (target.first == p && target.second == bytes) return;
+    }
+    copy_targets_.emplace_back(p, bytes);
   }
 
   // ---- called on fibers ----------------------------------------------------------
@@ -241,6 +252,8 @@ class Worker {
   std::vector<std::unique_ptr<Fiber>> fibers_;
   unsigned char* stacks_ = nullptr;  // the fibers' stacks, kFiberStackBytes each
   std::vector<float4> shared_;  // dynamic shared memory and a guard zone, 16-byte aligned
+  // static shared arrays the running block declared destinations of copies
+  std::vector<std::pair<const unsigned char*, std::size_t>> copy_targets_;
   jmp_buf scheduler_;
   Fiber* running_ = nullptr;
   const LaunchSpec* spec_ = nullptr;
@@ -384,6 +397,7 @@ bool Worker::run_block(const LaunchSpec& spec, unsigned block) {
   const std::size_t mapped_bytes = shared_.size() * sizeof(float4);
   std::fill(shared_bytes, shared_bytes + mapped_bytes, kPoisonByte);  // shared memory starts undefined
   float4* const shared = shared_.data();
+  copy_targets_.clear();
   for (unsigned t = 0; t < spec.block; ++t) {
     Fiber& f = *fibers_[t];
     f.ids = {t, block, spec.block, spec.grid, shared};
@@ -607,12 +621,14 @@ void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes) {
   if (reinterpret_cast<std::uintptr_t>(shared_at) % bytes != 0 || reinterpret_cast<std::uintptr_t>(global_at) % bytes != 0) {
     w->fail_fiber(who + " copies " + std::to_string(bytes) + " bytes between addresses not aligned to them");
   }
-  if (!w->in_dynamic_shared(shared_at, bytes)) {
-    w->fail_fiber(who + " copies to an address outside the block's dynamic shared memory");
+  if (!w->in_copy_destination(shared_at, bytes)) {
+    w->fail_fiber(who + " copies to an address outside the block's dynamic shared memory and its declared arrays");
   }
   std::memset(shared_at, ps_emu::kPoisonByte, bytes);  // undefined until the wait
   f.copies.push_back({shared_at, global_at, bytes, f.commits});
 }
+
+void ps_emu_copy_target(const void* at, unsigned long bytes) { Worker::current()->add_copy_target(at, bytes); }
 
 void ps_emu_async_commit(void) { ++Worker::current()->running().commits; }
 

@@ -113,10 +113,13 @@ void ps_emu_shuffle_xor(const void* value, void* result, unsigned size, int lane
 void ps_emu_sync_threads(void);
 // Let other threads and blocks run while this thread waits on them (a spin-wait's body).
 void ps_emu_spin_pause(void);
-// A copy of 4, 8 or 16 aligned bytes into the block's dynamic shared memory that lands only at the
+// A copy of 4, 8 or 16 aligned bytes into the block's dynamic shared memory (or a static array the
+// block declared with PS_SHARED_COPY_TARGET) that lands only at the
 // thread's next ps_emu_async_wait_all; the destination reads as poison until then. A thread that
 // returns with copies it never waited for fails the launch.
 void ps_emu_async_copy(void* shared_at, const void* global_at, unsigned bytes);
+// Declares [at, at + bytes), a static shared array, a destination of the running block's copies.
+void ps_emu_copy_target(const void* at, unsigned long bytes);
 void ps_emu_async_wait_all(void);
 // Closes the thread's current commit group of copies (cp.async.commit_group); the copies issued
 // after it join the next one.
@@ -138,6 +141,9 @@ inline V warp_shfl_xor(V v, int lane_mask, int width) {
 // A host thread runs one block at a time and a block never changes thread, so
 // function statics per host thread are block-shared storage.
 #define PS_SHARED static thread_local
+#define PS_SHARED_COPY_TARGET(T, name, n) \
+  static thread_local T name[n];        \
+  ps_emu_copy_target(name, sizeof(name))
 #define PS_SYNC() ps_emu_sync_threads()
 #define PS_THREAD_X (ps_emu_current_ids->thread_x)
 #define PS_BLOCK_X (ps_emu_current_ids->block_x)
