@@ -390,15 +390,28 @@ GRAD_CACHED_MIN_BLOCKS = 4
 GRAD_STREAM_THREADS = 256
 
 
-def grad_rows_shapes(dtype: str, warp: int) -> list[tuple[int, int]]:
-    """(lanes a row, slots a lane) of the rows-in-registers gradient: groups of 1..WARP lanes with one
-    slot each, whole warps with 2..GRAD_MAX_SLOTS, and blocks (more lanes than a warp) of grad_block_slots."""
-    groups = [(lanes, 1) for lanes in pow2_upto(warp)]
-    deep = [(warp, s) for s in pow2_upto(GRAD_MAX_SLOTS) if s > 1]
+#: a lane of a group holds at most this many bytes of a row's dy (and as many of y): slots narrower
+#: than 16 bytes go several to a lane, so that a warp takes more rows at once (docs/design.md)
+GRAD_LANE_BYTES = 16
+#: ... in at most this many slots
+GRAD_MAX_LANE_SLOTS = 4
+
+
+def grad_lane_slots(dtype: str, vec: int) -> int:
+    """Slots a lane of a group of lanes holds at most, at vector width ``vec``."""
+    return max(1, min(GRAD_MAX_LANE_SLOTS, GRAD_LANE_BYTES // (vec * DTYPES[dtype][2])))
+
+
+def grad_rows_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
+    """(lanes a row, slots a lane) of the rows-in-registers gradient at width ``vec``: the groups and
+    warps of grad_group_shape for rows of 1..WARP * GRAD_MAX_SLOTS slots, and blocks (more lanes
+    than a warp) of grad_block_slots."""
+    lane_slots = grad_lane_slots(dtype, vec)
+    groups = {grad_group_shape(slots, warp, lane_slots) for slots in range(1, warp * GRAD_MAX_SLOTS + 1)}
     # a block holding no more than a warp's GRAD_MAX_SLOTS a lane is never planned
     blocks = [(threads, s) for threads, s in grad_block_slots(dtype).items()
               if threads > warp and threads * s > warp * GRAD_MAX_SLOTS]
-    return groups + deep + blocks
+    return sorted(groups) + blocks
 
 
 #: 16-bit rows whose stride is not a whole 16 bytes, of at most this many 16-byte vectors, take 8- or
@@ -420,18 +433,22 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def grad_group_shape(slots: int, warp: int) -> tuple[int, int]:
+def grad_group_shape(slots: int, warp: int, lane_slots: int) -> tuple[int, int]:
     """(lanes a row, slots a lane) of the group or warp that holds a row of ``slots`` slots: the
-    fewest lanes (a power of two) of one slot each, else a warp of the fewest slots (a power of two)."""
-    if slots <= warp:
-        return next_pow2(slots), 1
+    fewest lanes (a power of two) of at most ``lane_slots`` slots each, else a warp of the fewest
+    slots (a power of two)."""
+    if slots <= warp * lane_slots:
+        lanes = next_pow2(-(-slots // lane_slots))
+        return lanes, next_pow2(-(-slots // lanes))
     return warp, next_pow2(-(-slots // warp))
 
 
 def grad_narrow_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
     """(lanes a row, slots a lane) built at a narrow width: the group or warp that takes a row of at
     least 32 elements (shorter ones stay scalar) in at most grad_narrow_max_slots slots."""
-    return sorted({grad_group_shape(slots, warp) for slots in range(32 // vec, grad_narrow_max_slots(dtype, vec) + 1)})
+    lane_slots = grad_lane_slots(dtype, vec)
+    return sorted({grad_group_shape(slots, warp, lane_slots)
+                   for slots in range(32 // vec, grad_narrow_max_slots(dtype, vec) + 1)})
 
 
 #: rows a group of one scalar slot a lane takes a step, at most (backward.cuh kGradMaxBatch)
@@ -481,7 +498,7 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
         for op, enum in OPS.items():
             head = (tag, ctype, op, enum, warp)
             out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
-                          (*head, lanes, slots, vec)) for lanes, slots in grad_rows_shapes(dtype, warp)]
+                          (*head, lanes, slots, vec)) for lanes, slots in grad_rows_shapes(dtype, warp, vec)]
             out.append(Entry(grad_cached_name(dtype, op, warp, vec), "PS_GRAD_CACHED_ENTRY",
                              (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))

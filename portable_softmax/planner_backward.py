@@ -124,7 +124,7 @@ def _cached_fits(t: GradTuning, device: DeviceProfile) -> bool:
 
 
 def _in_a_warp(t, p, device, s):
-    lanes, slots = V.grad_group_shape(s.slots, device.warp_size)
+    lanes, slots = V.grad_group_shape(s.slots, device.warp_size, V.grad_lane_slots(p.dtype, s.vec))
     return _rows_plan(p, device, s, lanes, slots, "warp")
 
 
@@ -170,9 +170,11 @@ def _split(t, p, device, s):
 
 #: the row rules, in order: the first that applies plans
 ROW_RULES: tuple[Rule, ...] = (
-    Rule("a group of lanes a row", "rows of at most a warp's slots: one slot a lane, several rows a warp, "
-         "each load a whole vector of every lane", lambda t, p, d, s: s.slots <= d.warp_size, _in_a_warp),
-    Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles",
+    Rule("a group of lanes a row", "rows of at most a warp's slots: up to GRAD_LANE_BYTES of a row a lane "
+         "(grad_lane_slots), so several rows a warp, each load a whole vector of every lane",
+         lambda t, p, d, s: s.slots <= d.warp_size, _in_a_warp),
+    Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles "
+         "(half a warp where slots are narrow enough)",
          lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _in_a_warp),
     Rule("a block a row", "rows one block's registers hold, while there are rows enough for the device",
          lambda t, p, d, s: _block_shape(p.dtype, d, s.slots) is not None and not _few_rows(t, p, d, s), _block),

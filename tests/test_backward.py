@@ -314,6 +314,25 @@ def test_plans_respect_the_launch_limits(profile):
                 assert lanes * slots * vec >= problem.cols  # the row fits what the lanes hold
 
 
+@pytest.mark.parametrize("warp", WARPS)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_groups_hold_a_row_in_the_fewest_lanes_of_16_bytes(dtype, warp):
+    """A group of lanes holds its row, a lane at most 16 bytes of it (but a warp takes more where the
+    row needs), in the fewest lanes (a power of two) that can."""
+    for vec in (*V.vector_widths(dtype), *V.grad_narrow_widths(dtype)):
+        slot_bytes = vec * V.DTYPES[dtype][2]
+        lane_slots = V.grad_lane_slots(dtype, vec)
+        assert lane_slots * slot_bytes <= max(16, slot_bytes)
+        for row_slots in range(1, warp * V.GRAD_MAX_SLOTS + 1):
+            lanes, slots = V.grad_group_shape(row_slots, warp, lane_slots)
+            assert lanes * slots >= row_slots and lanes <= warp
+            assert lanes & (lanes - 1) == 0 and slots & (slots - 1) == 0
+            if lanes < warp:
+                assert slots <= lane_slots and (lanes == 1 or lanes // 2 * lane_slots < row_slots)
+            else:
+                assert slots == 1 or warp * slots // 2 < row_slots
+
+
 def test_every_row_rule_says_why():
     assert [r.name for r in ROW_RULES][-1] == "a row split across blocks, two passes"
     assert all(r.why for r in ROW_RULES)
@@ -321,6 +340,8 @@ def test_every_row_rule_says_why():
 
 GOLDEN = [  # shape -> regime on an H100: one or two a rule
     ("float32", (2097152, 32), "a warp a row", "g8_s1"),
+    ("bfloat16", (1000000, 90), "a warp a row", "g16_s4_v2"),  # 4-byte slots: four a lane
+    ("float32", (6000000, 10), "a warp a row", "g4_s4_v1"),
     ("float32", (65536, 1024), "a warp a row", "g32_s8"),
     ("float32", (8192, 8192), "a block a row", "g256_s8"),
     ("bfloat16", (4096, 128256), "a row split across blocks", "cached"),
