@@ -100,6 +100,22 @@ def test_the_on_chip_split_takes_rows_in_rounds(runtime, rng, dtype, rows_a_roun
         assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {rows_a_round} rows a round")
 
 
+@pytest.mark.parametrize("into", ["dy", "y"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_every_row_regime_writes_over_dy_or_y(runtime, rng, dtype, into):
+    """out= dy or out= y: every kernel reads a value before it writes its place, in every regime."""
+    tiers = set()
+    for rows, cols in ROW_SHAPES:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols), runtime.profile(0))
+            tiers.add(the_plan.tier)
+            got = runtime.run_backward(dy, y, the_plan, into=into)
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} over {into} {the_plan.launches[0].kernel}")
+    assert tiers == {"warp", "block", "cached", "split"}
+
+
 @pytest.fixture(scope="module")
 def async_library() -> EmulationLibrary:
     return _library_or_skip(SRC_CUDA, tuple(V.DTYPES), ("PS_EMULATE_ASYNC_COPY",))
@@ -125,6 +141,9 @@ def test_the_on_chip_split_copies_the_next_row_ahead(async_library, rng, dtype, 
             dy = rng.standard_normal((rows, cols)).astype(y.dtype)
             got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3)
             assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} offset {offset} {rows_a_round} a round")
+            for into in ("dy", "y"):  # the next row's copies, issued before this row's stores, read it unchanged
+                got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into=into)
+                assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} offset {offset} over {into}")
 
 
 @pytest.mark.parametrize("offsets", [(1, 1, 1), (1, 2, 3), (0, 0, 1)])

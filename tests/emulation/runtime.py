@@ -146,16 +146,22 @@ class EmulatedRuntime:
         an aligned address (plan with the matching ``x_misalign`` / ``y_misalign``)."""
         return self._run(plan, {"x": (x, x_offset)}, ("y", y_offset))
 
-    def run_backward(self, dy: np.ndarray, y: np.ndarray, plan: Plan, offsets: tuple[int, int, int] = (0, 0, 0)
-                     ) -> np.ndarray:
+    def run_backward(self, dy: np.ndarray, y: np.ndarray, plan: Plan, offsets: tuple[int, int, int] = (0, 0, 0),
+                     into: str | None = None) -> np.ndarray:
         """dx of a gradient plan (planner_backward) for C-contiguous dy and y, each array starting
-        ``offsets`` (dy, y, dx) elements past an aligned address; the guard and scratch checks of run_plan."""
-        return self._run(plan, {"dy": (dy, offsets[0]), "y": (y, offsets[1])}, ("dx", offsets[2]))
+        ``offsets`` (dy, y, dx) elements past an aligned address; the guard and scratch checks of run_plan.
+        ``into`` ("dy" or "y"): dx written over that input, as a call with out= one of them runs."""
+        inputs = {"dy": (dy, offsets[0]), "y": (y, offsets[1])}
+        if into is None:
+            return self._run(plan, inputs, ("dx", offsets[2]))
+        return self._run(plan, inputs, (into, inputs[into][1]), aliases={"dx": into})
 
-    def _run(self, plan: Plan, inputs: dict[str, tuple[np.ndarray, int]], output: tuple[str, int]) -> np.ndarray:
+    def _run(self, plan: Plan, inputs: dict[str, tuple[np.ndarray, int]], output: tuple[str, int],
+             aliases: dict[str, str] | None = None) -> np.ndarray:
         """The plan's launches over guarded copies of ``inputs`` (name -> (array, offset in elements)) and a
-        poisoned output buffer of the first input's shape; the guards, the scratch left zero where the plan
-        says so, and the inputs left as they were are checked."""
+        poisoned output buffer of the first input's shape (or, where ``output`` names an input, that input's
+        buffer, the launch arguments ``aliases`` names pointing at it); the guards, the scratch left zero
+        where the plan says so, and the inputs left as they were (but one written over) are checked."""
         arrays = {name: np.ascontiguousarray(a) for name, (a, _) in inputs.items()}
         like = next(iter(arrays.values()))
         buffers = {}
@@ -163,10 +169,12 @@ class EmulatedRuntime:
             buffers[name] = GuardedBuffer(like.nbytes, offset * like.itemsize)
             buffers[name].payload[...] = arrays[name].reshape(-1).view(np.uint8)
         out_name, out_offset = output
-        buffers[out_name] = GuardedBuffer(like.nbytes, out_offset * like.itemsize)
+        if out_name not in buffers:
+            buffers[out_name] = GuardedBuffer(like.nbytes, out_offset * like.itemsize)
         for name, nbytes in plan.scratch:  # zero where the plan reads it as zero, else poison (NaN bytes)
             buffers[name] = GuardedBuffer(nbytes, fill=0 if plan.scratch_zeroed else _POISON)
         addresses = {name: buf.address for name, buf in buffers.items()}
+        addresses.update({arg: addresses[name] for arg, name in (aliases or {}).items()})
         for step in plan.launches:
             self._check_fits(step)
             grid = self.resident_grid(step) if step.cooperative else step.grid
@@ -180,7 +188,7 @@ class EmulatedRuntime:
                     raise EmulationError(f"the launches left scratch {name!r} not zero "
                                          f"({int(np.count_nonzero(buffers[name].payload))} bytes)")
         for name, array in arrays.items():
-            if not np.array_equal(buffers[name].payload, array.reshape(-1).view(np.uint8)):
+            if name != out_name and not np.array_equal(buffers[name].payload, array.reshape(-1).view(np.uint8)):
                 raise EmulationError(f"a kernel wrote into its input {name}")
         return buffers[out_name].payload.view(like.dtype).reshape(like.shape).copy()
 
