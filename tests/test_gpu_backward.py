@@ -65,6 +65,24 @@ def test_cupy_every_regime(rng, dtype, op):
 
 
 @needs_cuda
+@pytest.mark.parametrize("into", ["dy", "y"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cupy_gradients_written_over_dy_or_y(rng, dtype, into):
+    """out=dy or out=y, as memory-saving training code passes them: every regime."""
+    cupy = pytest.importorskip("cupy")
+    tiers = set()
+    for shape in [(1000, 7), (2048, 32), (256, 8192), (64, 50257), (1, 2_000_000)]:
+        for op, fn in FNS.items():
+            y = forward_output(rng, shape, 1, op, dtype)
+            dy = rng.standard_normal(shape).astype(y.dtype)
+            arrays = {"dy": cupy.asarray(dy), "y": cupy.asarray(y)}
+            tiers.add(_tier(arrays["dy"], arrays["y"], 1, op))
+            assert fn(arrays["dy"], arrays["y"], 1, out=arrays[into]) is arrays[into]
+            assert_gradient(cupy.asnumpy(arrays[into]), dy, y, 1, op, f"cupy {dtype} {shape} over {into}")
+    assert {"warp", "block", "cached", "split"} <= tiers
+
+
+@needs_cuda
 def test_log_softmax_gradients_take_a_long_rows_sum_exactly(rng):
     """Where exp(y) * sum(dy) cancels dy, the sum's float32 rounding would be all of dx (see the
     emulated test of the same name): every row regime, on the device."""
