@@ -278,3 +278,43 @@ def host_view(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def element_misalign(ptr: int, dtype: str) -> int:
     size = itemsize(dtype)
     return (ptr // size) % (16 // size)
+
+
+def byte_span(shape: tuple[int, ...], strides: tuple[int, ...], size: int) -> tuple[int, int]:
+    """The bytes a strided array's elements take, as offsets [low, high) from its pointer."""
+    low = high = 0
+    for n, stride in zip(shape, strides):
+        reach = (n - 1) * stride * size
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + size
+
+
+def write_window(read: DeviceArray, written: DeviceArray) -> tuple[int, int, bool]:
+    """Where ``written`` may start, relative to ``read``'s pointer, and share bytes with it:
+    ``(low, high, same)`` says they share bytes when ``low < written.ptr - read.ptr < high``, and
+    that at offset 0 ``written`` is ``read`` itself (the same elements in the same layout) where
+    ``same``. Arrays of one shape and dtype; a window depends on their layouts only, so the
+    repeat-call paths keep it with the launcher of those layouts.
+
+    >>> class A:  # 2 rows of 4 float32 elements, rows 4 apart
+    ...     shape, strides, dtype = (2, 4), (4, 1), "float32"
+    >>> write_window(A(), A())
+    (-32, 32, True)
+    """
+    size = itemsize(read.dtype)
+    read_low, read_high = byte_span(read.shape, read.strides, size)
+    low, high = byte_span(written.shape, written.strides, size)
+    same = all(a == b for n, a, b in zip(read.shape, read.strides, written.strides) if n > 1)
+    return read_low - high, read_high - low, same
+
+
+def overlaps_partly(read: DeviceArray, written: DeviceArray) -> bool:
+    """Whether writing ``written`` could change elements of ``read`` other than its own (a view
+    that shares bytes with the input but is not the input itself): such an output is computed
+    apart and copied in. Writing over the input itself (in place) is allowed."""
+    low, high, same = write_window(read, written)
+    delta = written.ptr - read.ptr
+    return low < delta < high and not (delta == 0 and same)

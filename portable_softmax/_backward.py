@@ -7,7 +7,17 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from . import _probe, api
-from ._arrays import ARRAY_LIKE, DeviceArray, Host, array_like, classify, element_misalign, host_view
+from ._arrays import (
+    ARRAY_LIKE,
+    DeviceArray,
+    Host,
+    array_like,
+    classify,
+    element_misalign,
+    host_view,
+    overlaps_partly,
+    write_window,
+)
 from ._dtypes import SUPPORTED, UnsupportedDtypeError, storage_name
 from .layout import Rows, Strided, describe, normalize_axis
 from .planner_backward import GradRowProblem, GradStridedProblem, plan_backward
@@ -175,7 +185,9 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
         dl, yl = api._as_strided(dl), api._as_strided(yl)
     target = dst
     xl = describe(shape, dst.strides, axis) if dst is not None else None
-    if xl is None or (isinstance(xl, Strided) and xl.inner == 1):  # out's dims do not collapse
+    # out's dims do not collapse, or it shares bytes with dy or y without being that array: dx apart
+    if xl is None or (isinstance(xl, Strided) and xl.inner == 1) or overlaps_partly(src, dst) \
+            or overlaps_partly(ys, dst):
         target = type(src)(src.empty(shape))
         xl = describe(shape, target.strides, axis)
     if not (isinstance(dl, Rows) and isinstance(xl, Rows)):  # a strided one: all three as strided views
@@ -183,12 +195,14 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
     misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
     problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
     the_plan = plan_backward(problem, rt.profile(src.device_index))
-    key = None
+    key, windows = None, ()
     # a call the repeat path can take next time (nothing copied): its launcher built, kept and replayed
     if src.array is dy and ys.array is y and (dst is None or target is dst) and type(y) is type(dy) \
             and api._preparable(dy, out):
         key = _repeat_key(dy, y, axis if given_axis is None else given_axis, op, out)
-    api.launch_keeping(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream(), key)
+        windows = () if dst is None else (write_window(src, dst), write_window(ys, dst))
+    api.launch_keeping(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream(), key,
+                       windows)
     if dst is not None:
         if target is not dst:
             target.copy_into(dst.array)
@@ -219,6 +233,14 @@ def _repeat_key(dy, y, axis, op: str, out=None) -> tuple:
     return key + (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
 
 
+def _shares_bytes(windows, from_dy: int, from_y: int) -> bool:
+    """Whether out, ``from_dy`` and ``from_y`` bytes past dy's and y's pointers, shares bytes with
+    either without being that array (the full path computes such a dx apart)."""
+    (dy_low, dy_high, dy_same), (y_low, y_high, y_same) = windows
+    return (dy_low < from_dy < dy_high and (from_dy or not dy_same)) or (
+        y_low < from_y < y_high and (from_y or not y_same))
+
+
 def _repeat_torch(dy, y, axis, op: str, out):
     """dx from the launcher kept for this call of plain torch tensors (out, where given), or None
     (the full path checks, plans and keeps one)."""
@@ -239,11 +261,13 @@ def _repeat_torch(dy, y, axis, op: str, out):
     entry = api._entries.get(key)
     if entry is None or not dy_ptr or not y_ptr or out_ptr == 0:
         return None
-    launcher, contiguous, bound_to, _, _ = entry
+    launcher, contiguous, bound_to, _, _, windows = entry
     stream = api._current_stream(device)
     if bound_to is not None and api.stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
     if out is not None:
+        if _shares_bytes(windows, out_ptr - dy_ptr, out_ptr - y_ptr):
+            return None
         launcher(dy_ptr, y_ptr, out_ptr, stream)
         return out
     torch = api._TORCH
@@ -269,11 +293,13 @@ def _repeat_cupy(dy, y, axis, op: str, out):
     entry = api._entries.get(key)
     if entry is None or not dy_ptr or not y_ptr or out_ptr == 0 or api._cupy_device() != device:
         return None
-    launcher, _, bound_to, _, _ = entry
+    launcher, _, bound_to, _, _, windows = entry
     stream = api._cupy_current_stream().ptr
     if bound_to is not None and api.stream_key(stream) != bound_to:
         return None
     if out is not None:
+        if _shares_bytes(windows, out_ptr - dy_ptr, out_ptr - y_ptr):
+            return None
         launcher(dy_ptr, y_ptr, out_ptr, stream)
         return out
     dx = api._CUPY.empty(dy.shape, dy.dtype)

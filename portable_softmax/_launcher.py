@@ -9,7 +9,9 @@ and launches. An entry is a tuple ``(launcher, contiguous, bound_to, keep, devic
 - ``contiguous``: whether the input is C-contiguous (its ``empty_like`` is the planned output);
 - ``bound_to``: the stream key whose launches own the entry's scratch (None: no scratch);
 - ``keep``: the scratch's keep-alive object;
-- ``device``: the (vendor, device index) the launcher launches on.
+- ``device``: the (vendor, device index) the launcher launches on;
+- ``windows``: where a call writes out=, each input's ``_arrays.write_window`` against it: a repeat
+  call whose out shares bytes with an input without being it takes the full path instead.
 
 Plans with scratch get their own, zeroed once where the launches leave it zero, and replay only on
 the stream the entry was built on. Entries bound to an ended thread's per-thread stream are
@@ -34,8 +36,8 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from .planner import Plan
 
-#: (launcher, contiguous, bound_to, keep, (vendor, device))
-Entry = tuple[Callable[..., None], bool, Any, Any, tuple[str, int]]
+#: (launcher, contiguous, bound_to, keep, (vendor, device), windows)
+Entry = tuple[Callable[..., None], bool, Any, Any, tuple[str, int], tuple]
 
 
 class LauncherCache:
@@ -60,7 +62,7 @@ class LauncherCache:
         return self.entries.get(key)
 
     def build(self, key: Hashable, rt: Runtime, src: DeviceArray, the_plan: Plan, stream: int,
-              pointers: Sequence[str] = ("x", "y"), contiguous: bool = True) -> Entry | None:
+              pointers: Sequence[str] = ("x", "y"), contiguous: bool = True, windows: tuple = ()) -> Entry | None:
         """Build and keep the entry of ``key``: ``the_plan``'s launcher on ``src``'s device with its
         own scratch, replayed as ``launcher(*pointers, stream)``. None where none can be kept: the key
         has an entry bound to another stream, or the stream is capturing a graph (a fill captured
@@ -78,7 +80,7 @@ class LauncherCache:
         launcher = rt.prepare(the_plan, src.dtype, src.device_index, buffers, pointers=tuple(pointers))
         if len(self.entries) >= self.LIMIT:
             self.entries.clear()
-        entry = self.entries[key] = (launcher, contiguous, bound_to, keep, (src.vendor, src.device_index))
+        entry = self.entries[key] = (launcher, contiguous, bound_to, keep, (src.vendor, src.device_index), windows)
         return entry
 
     def bound_to(self, stream_key: StreamKey) -> list[Hashable]:

@@ -22,7 +22,9 @@ from ._arrays import (
     classify,
     element_misalign,
     host_view,
+    overlaps_partly,
     torch_stream_reader,
+    write_window,
 )
 from ._dtypes import dtype_name, storage_name
 from ._launcher import LauncherCache
@@ -410,9 +412,9 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
         src = src.contiguous()  # dims that do not collapse, or a strided last axis
         xl = describe(shape, src.strides, axis)
     target, yl = None, None
-    if dst is not None:
+    if dst is not None:  # out written directly unless its layout differs in kind or it shares bytes with x
         yl = describe(shape, dst.strides, axis)
-        if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows):
+        if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows) and not overlaps_partly(src, dst):
             target = dst
     if target is None:
         target = type(src)(src.empty(shape))  # a fresh C-contiguous output, read like the input
@@ -423,11 +425,12 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     # A call the repeat path can take next time builds its launcher (in `launchers`) and replays it
     # now; one whose output is made whole afterwards (safe log_softmax), or whose input or out was
     # copied, launches once.
-    key = None
+    key, windows = None, ()
     if src.array is original and (dst is None or target is dst) and not (op == "log_softmax" and safe) \
             and _preparable(original, out):
         key = _prepared_key(original, axis if given_axis is None else given_axis, op, safe, out)
-    launch_keeping(rt, src, the_plan, {"x": src.ptr, "y": target.ptr}, stream, key)
+        windows = () if dst is None else (write_window(src, dst),)
+    launch_keeping(rt, src, the_plan, {"x": src.ptr, "y": target.ptr}, stream, key, windows)
     if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
         src.fill_empty_rows(target.array, axis, -float("inf"))
     if dst is not None:
@@ -438,17 +441,17 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
 
 
 def launch_keeping(rt: Runtime, src: DeviceArray, the_plan: Plan, arrays: dict[str, int], stream: int,
-                   key=None) -> None:
+                   key=None, windows: tuple = ()) -> None:
     """The plan's launches with the ``arrays`` pointers (named as the launches name them, in the
     repeat path's order): through the launcher kept under ``key`` in `launchers`, built now, where
     one can be kept; else once (launch_plan). A contiguous input's empty_like is the output the
     launcher was planned for (cupy's repeat call allocates with cupy.empty, C-contiguous whatever
-    the input)."""
+    the input). ``windows``: each input's `write_window` against out=, where out= is given."""
     entry = None
     if key is not None:
         original = src.array
         contiguous = True if type(original) is _CUPY_NDARRAY else original.is_contiguous()
-        entry = launchers.build(key, rt, src, the_plan, stream, tuple(arrays), contiguous)
+        entry = launchers.build(key, rt, src, the_plan, stream, tuple(arrays), contiguous, windows)
     if entry is not None:
         entry[0](*arrays.values(), stream)
     else:
@@ -553,11 +556,15 @@ def _run_prepared(x, axis, op, out, safe):
     # elements never has launches kept: a null pointer always takes the full path.
     if entry is None or not ptr or out_ptr == 0:
         return None
-    launcher, contiguous, bound_to, _, _ = entry
+    launcher, contiguous, bound_to, _, _, windows = entry
     stream = _current_stream(device)
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
     if out is not None:
+        low, high, same = windows[0]
+        delta = out_ptr - ptr
+        if low < delta < high and (delta or not same):
+            return None  # out shares bytes with x but is not x: the full path computes it apart
         launcher(ptr, out_ptr, stream)
         return out
     # empty_like costs 2-3 us less than torch.empty(shape, ...); its plain form less than with a format
@@ -605,11 +612,15 @@ def _run_prepared_cupy(x, axis, op, out, safe):
     entry = _entries.get(key)
     if entry is None or not ptr or out_ptr == 0 or _cupy_device() != device:
         return None
-    launcher, _, bound_to, _, _ = entry
+    launcher, _, bound_to, _, _, windows = entry
     stream = _cupy_current_stream().ptr
     if bound_to is not None and stream_key(stream) != bound_to:
         return None  # its scratch belongs to another stream's launches
     if out is not None:
+        low, high, same = windows[0]
+        delta = out_ptr - ptr
+        if low < delta < high and (delta or not same):
+            return None  # out shares bytes with x but is not x: the full path computes it apart
         launcher(ptr, out_ptr, stream)
         return out
     y = _CUPY.empty(x.shape, x.dtype)

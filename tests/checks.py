@@ -114,10 +114,10 @@ def gradient_reference(dy: np.ndarray, y: np.ndarray, axis: int, op: str) -> np.
         return np.where(np.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
 
 
-def keep_recording_launcher(key, bound_to=None, contiguous=True) -> list:
+def keep_recording_launcher(key, bound_to=None, contiguous=True, windows=((0, 0, True),) * 2) -> list:
     """A launcher kept under key as LauncherCache.build keeps one, recording the pointers and stream
-    of each call in the list returned."""
+    of each call in the list returned. The default ``windows`` let out= be anywhere."""
     launched = []
     api.launchers.entries[key] = (lambda *pointers: launched.append(pointers), contiguous, bound_to, None,
-                                  ("cuda", 0))
+                                  ("cuda", 0), windows)
     return launched

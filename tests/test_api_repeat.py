@@ -69,6 +69,9 @@ class Classified:
     def fill_empty_rows(self, y, axis, value):
         self.world.filled.append((y, axis, value))
 
+    def copy_into(self, target):
+        self.world.copied.append((self.array, target))
+
 
 class World:
     """The stand-in runtime and what it saw: one-off launches, prepared launchers and their calls."""
@@ -82,6 +85,7 @@ class World:
         self.replayed: list[tuple] = []  # launcher calls
         self.scratch: list[tuple] = []
         self.filled: list[tuple] = []
+        self.copied: list[tuple] = []  # (computed apart, out) of outputs copied into out=
 
     def profile(self, device):
         return DeviceProfile.h100()
@@ -159,7 +163,7 @@ def test_an_entry_with_scratch_replays_only_on_the_stream_it_was_built_on(world)
     x = FakeCupyArray((8, 1 << 20))
     ps.softmax(x)
     assert world.prepared == [("cached", ("x", "y"))] and world.scratch == [(8448, True)]  # zeroed once
-    ((_, _, bound_to, _, _),) = api.launchers.entries.values()
+    ((_, _, bound_to, _, _, _),) = api.launchers.entries.values()
     assert bound_to == 7
     ps.softmax(x)
     assert len(world.replayed) == 2 and world.launched == []
@@ -172,7 +176,7 @@ def test_an_entry_with_scratch_replays_only_on_the_stream_it_was_built_on(world)
 def test_the_per_thread_default_streams_entry_is_its_threads(world):
     world.stream = PER_THREAD_DEFAULT_STREAM
     ps.softmax(FakeCupyArray((8, 1 << 20)))
-    ((_, _, bound_to, _, _),) = api.launchers.entries.values()
+    ((_, _, bound_to, _, _, _),) = api.launchers.entries.values()
     assert bound_to == api.stream_key(PER_THREAD_DEFAULT_STREAM) != PER_THREAD_DEFAULT_STREAM
 
 
@@ -265,3 +269,92 @@ def test_a_torch_gradient_of_a_transposed_dy_gets_a_contiguous_dx(torch_repeat_p
     launched = keep_recording_launcher(_backward._repeat_key(dy, y, -1, "log_softmax"), contiguous=False)
     dx = ps.log_softmax_backward(dy, y)
     assert dx.is_contiguous() and launched == [(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), 7)]
+
+
+# ---- out= sharing bytes with an input ------------------------------------------------------------
+def test_an_out_that_overlaps_its_input_partly_is_computed_apart_and_copied_in(world):
+    """out one row past x shares three of x's rows: writing it directly would change rows of x
+    still to be read. It is computed into an array of its own and copied in, and nothing is kept."""
+    x = FakeCupyArray((4, 8), ptr=1 << 30)
+    out = FakeCupyArray((4, 8), ptr=(1 << 30) + 32)
+    assert ps.softmax(x, out=out) is out
+    ((tier, buffers, _),) = world.launched
+    assert buffers["x"] == x.data.ptr and buffers["y"] not in (x.data.ptr, out.data.ptr)
+    assert [b for _, b in world.copied] == [out] and world.prepared == [] and len(api.launchers) == 0
+    # the same memory in another layout (rows 8 apart read, 16 apart written): apart as well
+    wide = FakeCupyArray((4, 8), strides=(64, 4), ptr=x.data.ptr)
+    assert ps.log_softmax(x, out=wide) is wide and [b for _, b in world.copied] == [out, wide]
+
+
+def test_in_place_is_written_directly_and_kept(world):
+    x = FakeCupyArray((4, 8))
+    assert ps.softmax(x, out=x) is x and ps.softmax(x, out=x) is x
+    assert world.copied == [] and world.prepared == [("warp", ("x", "y"))]
+    assert world.replayed == [(x.data.ptr, x.data.ptr, 7)] * 2
+
+
+def test_a_repeat_call_whose_out_overlaps_its_input_takes_the_full_path(world):
+    """The launcher kept for (x, out) of one layout is not replayed for a later call of the same
+    layouts whose out shares bytes with x: the key holds layouts, not where out lies."""
+    x, out = FakeCupyArray((4, 8), ptr=1 << 30), FakeCupyArray((4, 8), ptr=2 << 30)
+    ps.softmax(x, out=out)
+    assert len(world.prepared) == 1 and world.replayed == [(x.data.ptr, out.data.ptr, 7)]
+    for shift in (32, -32, 112, -112):  # a row after or before; the last row on the first and back
+        near = FakeCupyArray((4, 8), ptr=x.data.ptr + shift)
+        assert api._run_prepared_cupy(x, -1, "softmax", near, False) is None, shift
+        assert ps.softmax(x, out=near) is near and world.copied[-1][1] is near
+    far = FakeCupyArray((4, 8), ptr=x.data.ptr + 128)  # just past x's last byte: replayed
+    assert ps.softmax(x, out=far) is far and world.replayed[-1] == (x.data.ptr, far.data.ptr, 7)
+    assert len(world.prepared) == 1 and len(world.copied) == 4
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_a_gradients_out_may_be_dy_or_y_but_not_partly_either(world, op):
+    backward = getattr(ps, f"{op}_backward")
+    dy, y = FakeCupyArray((4, 8), ptr=1 << 30), FakeCupyArray((4, 8), ptr=2 << 30)
+    assert backward(dy, y, out=dy) is dy and backward(dy, y, out=y) is y  # in place: direct, one launcher
+    assert world.copied == [] and world.replayed == [(dy.data.ptr, y.data.ptr, dy.data.ptr, 7),
+                                                     (dy.data.ptr, y.data.ptr, y.data.ptr, 7)]
+    for base in (dy, y):
+        near = FakeCupyArray((4, 8), ptr=base.data.ptr + 32)
+        assert _backward._repeat_cupy(dy, y, -1, op, near) is None
+        assert backward(dy, y, out=near) is near and world.copied[-1][1] is near
+    assert len(world.prepared) == 1 and len(world.launched) == 2  # one key: dy, y and out of one layout
+
+
+def _element_bytes(ptr, shape, strides, size):
+    return {ptr + sum(i * s for i, s in zip(index, strides)) + b
+            for index in np.ndindex(*shape) for b in range(size)}
+
+
+def test_write_windows_find_every_shared_byte():
+    """Against the bytes themselves, over small layouts with padded, negative and zero-length
+    dims: an out that shares a byte with the input, other than being the input itself, is always
+    found; an out clear of the input's first and last bytes never is."""
+    from portable_softmax._arrays import byte_span, overlaps_partly
+
+    class View:
+        def __init__(self, ptr, shape, strides):
+            self.ptr, self.shape, self.strides, self.dtype = ptr, shape, strides, "float32"
+
+    rng = np.random.default_rng(5)
+    found = 0
+    for _ in range(3000):
+        shape = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(1, 4))))
+        layouts = [tuple(int(s) for s in rng.choice([-9, -4, -3, -1, 1, 2, 3, 4, 9], size=len(shape)))
+                   for _ in range(2)]
+        read = View(4096, shape, layouts[0])
+        written = View(4096 + 4 * int(rng.integers(-20, 21)), shape, layouts[rng.integers(2)])
+        shared = _element_bytes(read.ptr, shape, read.strides, 4) & _element_bytes(
+            written.ptr, shape, written.strides, 4)
+        itself = written.ptr == read.ptr and all(  # the same elements: strides of 1-long dims aside
+            a == b for n, a, b in zip(shape, read.strides, written.strides) if n > 1)
+        low, high = byte_span(shape, read.strides, 4)
+        w_low, w_high = byte_span(shape, written.strides, 4)
+        clear = written.ptr + w_low >= read.ptr + high or written.ptr + w_high <= read.ptr + low
+        if shared and not itself:
+            assert overlaps_partly(read, written), (shape, read.strides, written.ptr - read.ptr, written.strides)
+            found += 1
+        if clear or itself:
+            assert not overlaps_partly(read, written), (shape, read.strides, written.ptr - read.ptr)
+    assert found > 200  # the sample holds many shared layouts

@@ -135,6 +135,30 @@ def test_out_on_device_including_in_place(rng):
 
 
 @needs_cuda
+@pytest.mark.parametrize("cols", [40, 3000, 131072])
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_an_out_that_overlaps_the_input_partly_gets_the_inputs_softmax(rng, library, cols):
+    """ps.softmax(x[1:], out=x[:-1]) reads rows that its output overwrites: computed apart and
+    copied in, on the first call and on a repeat call of the same layouts."""
+    if library == "torch":
+        torch = _torch_cuda()
+        make, host = (lambda a: torch.from_numpy(a).cuda()), _to_numpy
+    else:
+        cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+        make, host = cupy.asarray, cupy.asnumpy
+    for _ in range(2):
+        data = random_input(rng, (9, cols), "float32")
+        x = make(data)
+        for op in ("softmax", "log_softmax"):
+            got = getattr(ps, op)(x[1:], out=x[:-1])
+            assert_matches(host(got), data[1:], op=op, what=f"{library} {op} one row back")
+            x = make(data)
+            got = getattr(ps, op)(x[:-1], out=x[1:])
+            assert_matches(host(got), data[:-1], op=op, what=f"{library} {op} one row on")
+            x = make(data)
+
+
+@needs_cuda
 def test_runs_on_the_callers_stream_without_device_sync(rng):
     torch = _torch_cuda()
     x = torch.from_numpy(random_input(rng, (4096, 4096), "float32")).cuda()

@@ -83,6 +83,31 @@ def test_cupy_gradients_written_over_dy_or_y(rng, dtype, into):
 
 
 @needs_cuda
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_a_gradients_out_overlapping_dy_or_y_partly_is_computed_apart(rng, library):
+    """dy, y and out rows of one buffer, out a row off dy or y: the gradient of the inputs as they
+    were, on the first call and on a repeat call of the same layouts."""
+    if library == "torch":
+        torch = _torch_cuda()
+        make, host = (lambda a: torch.from_numpy(a).cuda()), _to_numpy
+    else:
+        cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+        make, host = cupy.asarray, cupy.asnumpy
+    for cols in (40, 3000, 131072):
+        for op, fn in FNS.items():
+            for _ in range(2):
+                y = forward_output(rng, (8, cols), 1, op, "float32")
+                dy = rng.standard_normal((8, cols)).astype(np.float32)
+                both = make(np.concatenate([dy, y, np.zeros((1, cols), np.float32)]))
+                d, w = both[:8], both[8:16]
+                got = fn(d, w, 1, out=both[1:9])  # one row past dy: dy's rows 1-7 and y's row 0
+                assert_gradient(host(got), dy, y, 1, op, f"{library} {op} {cols} a row past dy")
+                both = make(np.concatenate([dy, y, np.zeros((1, cols), np.float32)]))
+                got = fn(both[:8], both[8:16], 1, out=both[9:17])  # one row past y
+                assert_gradient(host(got), dy, y, 1, op, f"{library} {op} {cols} a row past y")
+
+
+@needs_cuda
 def test_log_softmax_gradients_take_a_long_rows_sum_exactly(rng):
     """Where exp(y) * sum(dy) cancels dy, the sum's float32 rounding would be all of dx (see the
     emulated test of the same name): every row regime, on the device."""

@@ -192,9 +192,9 @@ def test_the_modules_examples_run(module):
 def test_an_entry_without_scratch_is_built_once_and_replays_on_any_stream(pool, kept):
     cache, rt = LauncherCache(pool), FakeRuntime()
     entry = cache.build("key", rt, kept, FakePlan(), 0x100)
-    launcher, contiguous, bound_to, keep, device = entry
+    launcher, contiguous, bound_to, keep, device, windows = entry
     assert cache.get("key") is entry and "key" in cache and len(cache) == 1
-    assert (contiguous, bound_to, keep, device) == (True, None, None, ("cuda", 0))
+    assert (contiguous, bound_to, keep, device, windows) == (True, None, None, ("cuda", 0), ())
     assert rt.prepared == [(rt.prepared[0][0], "float32", 0, {}, ("x", "y"))]
     launcher(1, 2, 0x200)
     assert rt.launched == [(1, 2, 0x200)] and kept.fills == []
@@ -202,7 +202,9 @@ def test_an_entry_without_scratch_is_built_once_and_replays_on_any_stream(pool, 
 
 def test_an_entry_with_scratch_owns_it_and_is_bound_to_its_stream(pool, kept):
     cache, rt = LauncherCache(pool), FakeRuntime()
-    _, _, bound_to, keep, _ = cache.build("key", rt, kept, FakePlan(256), 0x100, ("dy", "y", "dx"), False)
+    _, _, bound_to, keep, _, windows = cache.build("key", rt, kept, FakePlan(256), 0x100, ("dy", "y", "dx"), False,
+                                                   ((-8, 8, True), (-16, 4, False)))
+    assert windows == ((-8, 8, True), (-16, 4, False))  # kept as given, for the repeat paths
     assert bound_to == 0x100 and len(keep) == 256 and kept.fills == [256]  # zeroed once, its own
     buffers, pointers = rt.prepared[0][3], rt.prepared[0][4]
     assert buffers == {"sums": id(keep), "counts": id(keep) + 128} and pointers == ("dy", "y", "dx")
