@@ -491,75 +491,47 @@ template <typename T, int OP> struct GradientSplit {
 };
 
 // ---- a strided axis ------------------------------------------------------------------------------
-// The arrays are (outer, cols, inner) with element strides. A block takes a tile of inner_tile
-// neighbouring inner positions (coalesced loads) and splits the reduced axis among blockDim /
-// inner_tile column groups, whose sums merge in shared memory; then it reads the tile again to
-// finish it.
-template <typename T, int OP>
-PS_DEVICE void grad_strided(const T* dy, const T* y, T* dx, i64 outer, i64 cols, i64 inner, i64 dyso, i64 dysc,
-                            i64 dysi, i64 yso, i64 ysc, i64 ysi, i64 dxso, i64 dxsc, i64 dxsi, int inner_tile,
-                            int safe) {
+// The forward's strided_axis with the gradient's op: a thread loads dy and y of an element, and a
+// column reduces to a GradSum.
+template <typename C> struct PartialFields<GradSum<C>> {
+  typedef double First;
+  typedef C Second;
+  PS_DEVICE static GradSum<C> get(const double* sum, const C* top, int at) { return GradSum<C>{sum[at], top[at]}; }
+  PS_DEVICE static void put(double* sum, C* top, int at, GradSum<C> g) { sum[at] = g.sum; top[at] = g.top; }
+  PS_DEVICE static GradSum<C> identity() { return grad_identity<C>(); }
+  PS_DEVICE static GradSum<C> combine(GradSum<C> a, GradSum<C> b) { return grad_combine(a, b); }
+};
+
+template <typename T, int OP> struct GradientStrided {
   typedef typename compute_of<T>::type C;
-  PS_SHARED double part_sum[1024];
-  PS_SHARED C part_top[1024];
-  const int tx = PS_THREAD_X % inner_tile;
-  const int ty = PS_THREAD_X / inner_tile;
-  const int groups = PS_BLOCK_DIM_X / inner_tile;
-  const i64 tiles_per_outer = (inner + inner_tile - 1) / inner_tile;
-  constexpr int kDepth = 4;  // loads in flight a thread before their use
-  for (i64 tile = PS_BLOCK_X; tile < outer * tiles_per_outer; tile += PS_GRID_DIM_X) {
-    const i64 o = tile / tiles_per_outer;
-    const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
-    const bool active = i < inner;
-    const T* dyl = dy + o * dyso + (active ? i : 0) * dysi;
-    const T* yl = y + o * yso + (active ? i : 0) * ysi;
-    GradAccumulator<OP, C> acc;
-    if (active) {
-      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-        C a[kDepth], b[kDepth];
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          const i64 c = c0 + (i64)u * groups;
-          if (c < cols) { a[u] = to_compute(dyl[c * dysc]); b[u] = to_compute(yl[c * ysc]); }
-        }
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          if (c0 + (i64)u * groups < cols) acc.add(a[u], b[u]);
-        }
-      }
-    }
-    part_sum[PS_THREAD_X] = acc.total.sum;
-    part_top[PS_THREAD_X] = acc.total.top;
-    PS_SYNC();
-    if (ty == 0) {  // each thread merges the groups of its own inner position
-      GradSum<C> total = grad_identity<C>();
-      for (int q = 0; q < groups; ++q) {
-        total = grad_combine(total, GradSum<C>{part_sum[q * inner_tile + tx], part_top[q * inner_tile + tx]});
-      }
-      part_sum[tx] = total.sum;
-      part_top[tx] = total.top;
-    }
-    PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{part_sum[tx], part_top[tx]}, safe != 0);
-    PS_SYNC();  // the next tile reuses the scratch
-    if (active) {
-      T* dxl = dx + o * dxso + i * dxsi;
-      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-        C a[kDepth], b[kDepth];  // all loads before the first store, which may alias them (in place)
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          const i64 c = c0 + (i64)u * groups;
-          if (c < cols) { a[u] = to_compute(dyl[c * dysc]); b[u] = to_compute(yl[c * ysc]); }
-        }
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          const i64 c = c0 + (i64)u * groups;
-          if (c < cols) dxl[c * dxsc] = from_compute<T>(f(a[u], b[u]));
-        }
-      }
-    }
+  struct Value { C dy, y; };
+  struct Column { const T* dy; const T* y; };
+  typedef GradAccumulator<OP, C> Accumulator;
+  typedef GradSum<C> Partial;
+  typedef typename Backward<OP>::template Finish<C> Finish;
+  const T* dy;
+  const T* y;
+  T* dx;
+  i64 dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi;
+  PS_DEVICE Column column(i64 o, i64 i) const { return Column{dy + o * dyso + i * dysi, y + o * yso + i * ysi}; }
+  PS_DEVICE T* output(i64 o, i64 i) const { return dx + o * dxso + i * dxsi; }
+  PS_DEVICE Value load(const Column& at, i64 c) const {
+    return Value{to_compute(at.dy[c * dysc]), to_compute(at.y[c * ysc])};
   }
-}
+  // adds no term; for log_softmax, -inf leaves the max of y as it is
+  PS_DEVICE static Value absent() { return Value{C(0), Backward<OP>::kTop ? ps_neg_inf<C>() : C(0)}; }
+  template <int N> PS_DEVICE static void add(Accumulator& acc, const Value* v) {
+    C a[N], b[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) { a[j] = v[j].dy; b[j] = v[j].y; }
+    acc.template add_all<N>(a, b);
+  }
+  PS_DEVICE static GradSum<C> partial(const Accumulator& acc) { return acc.total; }
+  PS_DEVICE Finish finish(GradSum<C> total, bool safe) const { return Finish(total, safe); }
+  PS_DEVICE void store(T* dxl, i64 c, const Finish& f, const Value& v) const {
+    dxl[c * dxsc] = from_compute<T>(f(v.dy, v.y));
+  }
+};
 
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
 const int kGradRowsThreads = 256;         // groups of lanes a row
@@ -616,7 +588,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
       const T* dy, const T* y, T* dx, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 dyso,          \
       ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 dxso, ps::i64 dxsc,     \
       ps::i64 dxsi, int inner_tile, int safe) {                                                          \
-    ps::grad_strided<T, OP>(dy, y, dx, outer, cols, inner, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, \
-                               dxsi, inner_tile, safe);                                                  \
+    ps::strided_axis(ps::GradientStrided<T, OP>{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi}, \
+                     outer, cols, inner, inner_tile, safe);                                              \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_strided_##DT##_##OPN)

@@ -1780,15 +1780,25 @@ PS_DEVICE void split_cached(const T* x, T* y, typename compute_of<T>::type* part
   }
 }
 
-// The (m, d) of tile position q over the column groups' pairs in the scratch ([group][position]).
-template <typename C>
-PS_DEVICE MD<C> merge_column_groups(const C* part_m, const C* part_d, int q, int groups, int width) {
-  MD<C> md = md_identity<C>();
-  for (int g = 0; g < groups; ++g) {
-    const MD<C> part = {part_m[g * width + q], part_d[g * width + q]};
-    md = md_combine(md, part);
-  }
-  return md;
+// A partial kept in shared memory as two arrays, one a field (the forward's (m, d); a gradient's
+// (sum, top) in backward.cuh), so that column groups merge alike for every op.
+template <typename P> struct PartialFields;
+template <typename C> struct PartialFields<MD<C>> {
+  typedef C First;
+  typedef C Second;
+  PS_DEVICE static MD<C> get(const C* m, const C* d, int at) { MD<C> r = {m[at], d[at]}; return r; }
+  PS_DEVICE static void put(C* m, C* d, int at, MD<C> md) { m[at] = md.m; d[at] = md.d; }
+  PS_DEVICE static MD<C> identity() { return md_identity<C>(); }
+  PS_DEVICE static MD<C> combine(MD<C> a, MD<C> b) { return md_combine(a, b); }
+};
+
+// The partial of tile position q over the column groups' partials in the scratch ([group][position]).
+template <typename P, typename F = PartialFields<P>>
+PS_DEVICE P merge_column_groups(const typename F::First* first, const typename F::Second* second, int q, int groups,
+                                int width) {
+  P total = F::identity();
+  for (int g = 0; g < groups; ++g) total = F::combine(total, F::get(first, second, g * width + q));
+  return total;
 }
 
 // The on-chip strided tier's merges over `rows` rows of (m, d) pairs in the scratch ([row][position])
@@ -1814,15 +1824,24 @@ PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, i
 }
 
 // ---- a strided axis: column groups of a block, two reads ---------------------------------
-// The tensor is (outer, cols, inner). A block takes a tile of inner_tile neighbouring
-// inner positions (coalesced loads) and splits the reduced axis among
-// blockDim / inner_tile column groups, whose (m, d) pairs merge in shared memory.
-template <typename T, int OP>
-PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
-                            i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int inner_tile, int safe) {
-  typedef typename compute_of<T>::type C;
-  PS_SHARED C part_m[1024];
-  PS_SHARED C part_d[1024];
+// The arrays are (outer, cols, inner). A block takes a tile of inner_tile neighbouring inner
+// positions (coalesced loads) and splits the reduced axis among blockDim / inner_tile column
+// groups, whose partials merge in shared memory (PartialFields); then it reads the tile again to
+// finish it. The regime for every op; the op policy Op says what a position's column is:
+//   Op::Value, Op::Accumulator          what a thread loads of an element; a thread's running partial
+//   Op::Partial                         the partial of a column (or of a group's part of it)
+//   op.column(o, i) / op.output(o, i)   the input column(s) and the output column of position i of
+//                                       outer index o
+//   op.load(column, c) / Op::absent()   element c of a column, and a value that adds nothing
+//   Op::add<N>(acc, values), Op::partial(acc)   N values into a running partial; the partial
+//   op.finish(total, safe)              how the column's elements finish
+//   op.store(output, c, finish, value)  element c's output
+template <typename Op>
+PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int inner_tile, int safe) {
+  typedef typename Op::Partial P;
+  typedef PartialFields<P> F;
+  PS_SHARED typename F::First part_first[1024];
+  PS_SHARED typename F::Second part_second[1024];
   const int tx = PS_THREAD_X % inner_tile;
   const int ty = PS_THREAD_X / inner_tile;
   const int groups = PS_BLOCK_DIM_X / inner_tile;
@@ -1831,48 +1850,61 @@ PS_DEVICE void strided_axis(const T* x, T* y, i64 outer, i64 cols, i64 inner, i6
     const i64 o = tile / tiles_per_outer;
     const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
     const bool active = i < inner;
-    const T* xl = x + o * xs_outer + i * xs_inner;
-    OnlineSum<C> acc;
+    const auto column = op.column(o, i);
+    typename Op::Accumulator acc;
     const int kDepth = 4;  // loads in flight per thread before their dependent use
     if (active) {
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-        C v[kDepth];
+        typename Op::Value v[kDepth];
 #pragma unroll
-        for (int u = 0; u < kDepth; ++u) {
-          v[u] = c0 + u * groups < cols ? to_compute(xl[(c0 + u * groups) * xs_col]) : ps_neg_inf<C>();
-        }
-        acc.template push_all<kDepth>(v);
+        for (int u = 0; u < kDepth; ++u) v[u] = c0 + u * groups < cols ? op.load(column, c0 + u * groups) : Op::absent();
+        Op::template add<kDepth>(acc, v);
       }
     }
-    const MD<C> own = acc.md();
-    part_m[PS_THREAD_X] = own.m;
-    part_d[PS_THREAD_X] = own.d;
+    F::put(part_first, part_second, PS_THREAD_X, Op::partial(acc));
     PS_SYNC();
     if (ty == 0) {  // each thread merges the groups of its own inner position
-      const MD<C> md = merge_column_groups(part_m, part_d, tx, groups, inner_tile);
-      part_m[tx] = md.m;
-      part_d[tx] = md.d;
+      F::put(part_first, part_second, tx, merge_column_groups<P>(part_first, part_second, tx, groups, inner_tile));
     }
     PS_SYNC();
-    MD<C> total = {part_m[tx], part_d[tx]};
+    const P total = F::get(part_first, part_second, tx);
     PS_SYNC();  // the next tile reuses the scratch
     if (active) {
-      const RowFinish<OP, T> f(total, safe != 0);
-      T* yl = y + o * ys_outer + i * ys_inner;
+      const auto f = op.finish(total, safe != 0);
+      const auto out = op.output(o, i);
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-        C v[kDepth];  // all loads before the first store, which might alias them (in place)
+        typename Op::Value v[kDepth];  // all loads before the first store, which might alias them (in place)
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) {
-          if (c0 + u * groups < cols) v[u] = to_compute(xl[(c0 + u * groups) * xs_col]);
+          if (c0 + u * groups < cols) v[u] = op.load(column, c0 + u * groups);
         }
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) {
-          if (c0 + u * groups < cols) yl[(c0 + u * groups) * ys_col] = from_compute<T>(f(v[u]));
+          if (c0 + u * groups < cols) op.store(out, c0 + u * groups, f, v[u]);
         }
       }
     }
   }
 }
+
+// The forward op of the strided axis: one input, (m, d) partials.
+template <typename T, int OP> struct ForwardStrided {
+  typedef typename compute_of<T>::type C;
+  typedef C Value;
+  typedef OnlineSum<C> Accumulator;
+  typedef MD<C> Partial;
+  const T* x;
+  T* y;
+  i64 xs_outer, xs_col, xs_inner, ys_outer, ys_col, ys_inner;
+  PS_DEVICE const T* column(i64 o, i64 i) const { return x + o * xs_outer + i * xs_inner; }
+  PS_DEVICE T* output(i64 o, i64 i) const { return y + o * ys_outer + i * ys_inner; }
+  PS_DEVICE C load(const T* xl, i64 c) const { return to_compute(xl[c * xs_col]); }
+  PS_DEVICE static C absent() { return ps_neg_inf<C>(); }
+  template <int N> PS_DEVICE static void add(Accumulator& acc, const C* v) { acc.template push_all<N>(v); }
+  PS_DEVICE static MD<C> partial(const Accumulator& acc) { return acc.md(); }
+  PS_DEVICE RowFinish<OP, T> finish(MD<C> total, bool safe) const { return RowFinish<OP, T>(total, safe); }
+  PS_DEVICE void store(T* yl, i64 c, const RowFinish<OP, T>& f, C v) const { yl[c * ys_col] = from_compute<T>(f(v)); }
+};
 
 // ---- a strided axis, short: a thread per inner vector -------------------------------------
 // Where the reduced axis is short (a few rows) and inner long, strided_axis's column groups idle
@@ -2083,7 +2115,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     merge_rows_in_slices(part_m, part_d, groups, width, group_slices);
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
-      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups(part_m, part_d, q, group_slices, width));
+      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups<MD<C>>(part_m, part_d, q, group_slices, width));
     }
     PS_SYNC();  // the scratch is read above before it is written below
     if constexpr (!poll_pairs) {
@@ -2108,7 +2140,7 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       if (!poll_pairs && chunk == 0 && PS_THREAD_X == 0) arrivals[previous] = 0u;
     }
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
-      const MD<C> total = merge_column_groups(part_m, part_d, q, chunk_slices, width);
+      const MD<C> total = merge_column_groups<MD<C>>(part_m, part_d, q, chunk_slices, width);
       part_m[q] = total.m;  // row 0 of the scratch, read by every group below
       part_d[q] = total.d;
     }
@@ -2247,7 +2279,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_##DT##_##OPN(                                      \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile, int safe) {                \
-    ps::strided_axis<T, OP>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, inner_tile, safe); \
+    ps::strided_axis(ps::ForwardStrided<T, OP>{x, y, xso, xsc, xsi, yso, ysc, ysi}, outer, cols, inner,      \
+                     inner_tile, safe);                                                              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_##DT##_##OPN)
 
