@@ -162,7 +162,8 @@ def _problem(dtype: str, op: str, dl, yl, xl, misaligns) -> GradRowProblem | Gra
     if isinstance(dl, Rows):
         return GradRowProblem(dtype, op, dl.rows, dl.cols, (dl.row_stride, yl.row_stride, xl.row_stride),
                               misaligns, safe=True)
-    return GradStridedProblem(dtype, op, dl.outer, dl.cols, dl.inner, dl.strides, yl.strides, xl.strides, safe=True)
+    return GradStridedProblem(dtype, op, dl.outer, dl.cols, dl.inner, dl.strides, yl.strides, xl.strides, safe=True,
+                              misaligns=misaligns)
 
 
 # ---- device arrays ---------------------------------------------------------------------------------

@@ -483,10 +483,19 @@ def grad_strided_name(dtype: str, op: str) -> str:
     return f"ps_bwd_strided_{DTYPES[dtype][0]}_{op}"
 
 
+def grad_strided_thread_name(dtype: str, op: str, vec: int, lines: int) -> str:
+    """The gradient of a short non-last axis: the forward's strided_thread variants (vec, lines)."""
+    return f"ps_bwd_strided_thread_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
+
+
 def grad_warp_free_entries(dtype: str) -> list[Entry]:
     tag, ctype, _ = DTYPES[dtype]
-    return [Entry(grad_strided_name(dtype, op), "PS_GRAD_STRIDED_ENTRY", (tag, ctype, op, enum))
-            for op, enum in OPS.items()]
+    out = []
+    for op, enum in OPS.items():
+        out.append(Entry(grad_strided_name(dtype, op), "PS_GRAD_STRIDED_ENTRY", (tag, ctype, op, enum)))
+        out += [Entry(grad_strided_thread_name(dtype, op, vec, lines), "PS_GRAD_STRIDED_THREAD_ENTRY",
+                      (tag, ctype, op, enum, vec, lines)) for vec, lines in strided_thread_variants(dtype)]
+    return out
 
 
 def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:

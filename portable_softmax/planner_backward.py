@@ -18,7 +18,7 @@ from functools import lru_cache
 from math import ceil
 
 from . import _variants as V
-from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, grid_for
+from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, _work_grid, grid_for
 
 OPS = ("softmax", "log_softmax")
 
@@ -56,6 +56,8 @@ class GradStridedProblem:
     y_strides: tuple[int, int, int]
     dx_strides: tuple[int, int, int]
     safe: bool = False
+    #: the (dy, y, dx) base addresses in elements past a 16-byte boundary
+    misaligns: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,19 @@ class GradTuning:
     split_blocks_per_multiprocessor: int = 8
     #: ... each of at least this many slots a thread
     split_min_slots_per_thread: int = 4
+    #: strided axes of up to this many rows take a thread per line of positions (strided_thread) ...
+    strided_thread_short_cols: int = 64
+    #: ... and so do axes of up to strided_thread_max_cols rows over at least
+    #: strided_thread_min_inner inner positions, of elements of these sizes, where the lines fill
+    #: at least strided_thread_min_fill of the multiprocessors with a block each: such a thread
+    #: walks a long axis alone, so with fewer lines column groups keep more loads in flight
+    #: (float64 columns of 200 rows ran faster in column groups at any number of lines)
+    strided_thread_max_cols: int = 512
+    strided_thread_min_inner: int = 32
+    strided_thread_max_cols_itemsizes: tuple = (2, 4)
+    strided_thread_min_fill: float = 0.5
+    #: ... in blocks of this many threads (the kernels' launch bound, kStridedThreadThreads)
+    strided_thread_threads: int = 256
 
 
 DEFAULT_GRAD_TUNING = GradTuning()
@@ -228,7 +243,7 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
     """The launches that compute dx for ``problem`` on ``device``."""
     _check(problem.dtype, problem.op, device)
     if isinstance(problem, GradStridedProblem):
-        return _plan_strided(problem, device)
+        return _plan_strided(tuning, problem, device)
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
     vec = grad_vector_width(problem)
@@ -250,15 +265,43 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
     return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
-def _plan_strided(p: GradStridedProblem, device: DeviceProfile) -> Plan:
-    """A strided axis: a warp's worth of neighbouring inner positions (fewer when inner is small) a
-    block, the reduced axis split among its column groups."""
+def _plan_strided(t: GradTuning, p: GradStridedProblem, device: DeviceProfile) -> Plan:
+    """A strided axis: short axes (t.strided_thread_*) a thread per line of inner positions and the
+    whole axis (strided_thread), no reduction across threads; others a warp's worth of neighbouring
+    inner positions (fewer when inner is small) a block, the reduced axis split among its column
+    groups (strided)."""
     if p.outer * p.inner <= 0 or p.cols <= 0:
         return Plan("empty", ())
+    strides = (*p.dy_strides, *p.y_strides, *p.dx_strides)
+    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
+            *((I64, s) for s in strides))
+    vec = strided_thread_vector(p)
+    lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
+    if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
+        lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
+    threads = t.strided_thread_threads
+    blocks = ceil(p.outer * ceil(p.inner / vec) / (threads * lines_a_thread))
+    if p.cols <= t.strided_thread_short_cols or (
+            p.cols <= t.strided_thread_max_cols and p.inner >= t.strided_thread_min_inner
+            and V.DTYPES[p.dtype][2] in t.strided_thread_max_cols_itemsizes
+            and blocks >= t.strided_thread_min_fill * device.multiprocessors):
+        launch = Launch(V.grad_strided_thread_name(p.dtype, p.op, vec, lines_a_thread), _work_grid(blocks, device),
+                        threads, 0, (*args, (I32, int(p.safe))))
+        return Plan("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread}, scratch_zeroed=False)
     inner_tile = min(device.warp_size, V.next_pow2(p.inner))
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
     tiles = p.outer * ceil(p.inner / inner_tile)
-    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
-            *((I64, s) for s in (*p.dy_strides, *p.y_strides, *p.dx_strides)), (I32, inner_tile), (I32, int(p.safe)))
-    launch = Launch(V.grad_strided_name(p.dtype, p.op), grid_for(tiles, device, 8), threads, 0, args)
+    launch = Launch(V.grad_strided_name(p.dtype, p.op), grid_for(tiles, device, 8), threads, 0,
+                    (*args, (I32, inner_tile), (I32, int(p.safe))))
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile}, scratch_zeroed=False)
+
+
+def strided_thread_vector(p: GradStridedProblem) -> int:
+    """Inner positions a thread of the short strided axis loads at once: the widest of
+    V.strided_thread_widths to which every row of dy, y and dx starts aligned, else 1."""
+    if any(strides[2] != 1 for strides in (p.dy_strides, p.y_strides, p.dx_strides)):
+        return 1
+    steps = (p.inner, p.dy_strides[1], p.y_strides[1], p.dx_strides[1], *p.misaligns)
+    if p.outer > 1:
+        steps += (p.dy_strides[0], p.y_strides[0], p.dx_strides[0])
+    return max((v for v in V.strided_thread_widths(p.dtype) if all(s % v == 0 for s in steps)), default=1)

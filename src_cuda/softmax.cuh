@@ -1834,8 +1834,9 @@ PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, i
 //                                       outer index o
 //   op.load(column, c) / Op::absent()   element c of a column, and a value that adds nothing
 //   Op::add<N>(acc, values), Op::partial(acc)   N values into a running partial; the partial
-//   op.finish(total, safe)              how the column's elements finish
+//   Op::Finish(total, safe)             how the column's elements finish
 //   op.store(output, c, finish, value)  element c's output
+// The policies are those of strided_thread too.
 template <typename Op>
 PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int inner_tile, int safe) {
   typedef typename Op::Partial P;
@@ -1870,7 +1871,7 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
     const P total = F::get(part_first, part_second, tx);
     PS_SYNC();  // the next tile reuses the scratch
     if (active) {
-      const auto f = op.finish(total, safe != 0);
+      const typename Op::Finish f(total, safe != 0);
       const auto out = op.output(o, i);
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
         typename Op::Value v[kDepth];  // all loads before the first store, which might alias them (in place)
@@ -1887,25 +1888,6 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
   }
 }
 
-// The forward op of the strided axis: one input, (m, d) partials.
-template <typename T, int OP> struct ForwardStrided {
-  typedef typename compute_of<T>::type C;
-  typedef C Value;
-  typedef OnlineSum<C> Accumulator;
-  typedef MD<C> Partial;
-  const T* x;
-  T* y;
-  i64 xs_outer, xs_col, xs_inner, ys_outer, ys_col, ys_inner;
-  PS_DEVICE const T* column(i64 o, i64 i) const { return x + o * xs_outer + i * xs_inner; }
-  PS_DEVICE T* output(i64 o, i64 i) const { return y + o * ys_outer + i * ys_inner; }
-  PS_DEVICE C load(const T* xl, i64 c) const { return to_compute(xl[c * xs_col]); }
-  PS_DEVICE static C absent() { return ps_neg_inf<C>(); }
-  template <int N> PS_DEVICE static void add(Accumulator& acc, const C* v) { acc.template push_all<N>(v); }
-  PS_DEVICE static MD<C> partial(const Accumulator& acc) { return acc.md(); }
-  PS_DEVICE RowFinish<OP, T> finish(MD<C> total, bool safe) const { return RowFinish<OP, T>(total, safe); }
-  PS_DEVICE void store(T* yl, i64 c, const RowFinish<OP, T>& f, C v) const { yl[c * ys_col] = from_compute<T>(f(v)); }
-};
-
 // ---- a strided axis, short: a thread per inner vector -------------------------------------
 // Where the reduced axis is short (a few rows) and inner long, strided_axis's column groups idle
 // and its barriers come every few values. Here a thread takes LINES vectors of VEC neighbouring
@@ -1918,58 +1900,66 @@ template <typename T, int OP> struct ForwardStrided {
 const int kStridedThreadThreads = 256;  // the launch's block size
 const int kStridedHeld = 8;             // vectors a thread holds
 
-template <typename T, int OP, int VEC, int LINES>
-PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col,
-                              i64 xs_inner, i64 ys_outer, i64 ys_col, i64 ys_inner, int safe) {
-  typedef typename compute_of<T>::type C;
-  typedef Vec<T, VEC> V;
+// The op policy Op says what a thread holds and how a position finishes:
+//   Op::Line, op.line(o, i)                 the arrays' columns at inner position i of outer index o
+//   Op::Held<VEC>, op.load_vector<VEC>(line, c)   a row's VEC positions as loaded (a vector an array)
+//   Op::absent_vector<VEC>()                ... for a row past the axis: values that add nothing
+//   Op::Value, Op::value(held, j)           position j of a held row, widened
+//   Op::Accumulator, Op::add<N>(acc, values)    N values into a running partial
+//   Op::Partial, Op::partial(acc)           the partial of a position's whole axis
+//   Op::Finish(partial, safe)               how a position's elements finish
+//   op.store_vector<VEC>(line, c, finish, held)   row c's outputs of the line's VEC positions
+template <typename Op, int VEC, int LINES>
+PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int safe) {
+  typedef typename Op::template Held<VEC> H;
+  typedef typename Op::Finish F;
   constexpr int kRows = kStridedHeld / LINES;  // rows of each line a step
   const i64 vectors_per_outer = (inner + VEC - 1) / VEC;  // inner is a multiple of VEC where VEC > 1
   const i64 lines = outer * vectors_per_outer;
   const i64 block_lines = (i64)PS_BLOCK_DIM_X * LINES;
   for (i64 base = (i64)PS_BLOCK_X * block_lines; base < lines; base += (i64)PS_GRID_DIM_X * block_lines) {
-    const T* xl[LINES];
-    T* yl[LINES];
+    typename Op::Line line[LINES];
     bool live[LINES];
 #pragma unroll
     for (int l = 0; l < LINES; ++l) {
-      const i64 line = base + l * PS_BLOCK_DIM_X + PS_THREAD_X;
-      live[l] = line < lines;
-      const i64 o = line / vectors_per_outer, i = (line % vectors_per_outer) * VEC;
-      xl[l] = x + o * xs_outer + i * xs_inner;
-      yl[l] = y + o * ys_outer + i * ys_inner;
+      const i64 at = base + l * PS_BLOCK_DIM_X + PS_THREAD_X;
+      live[l] = at < lines;
+      const i64 o = at / vectors_per_outer, i = (at % vectors_per_outer) * VEC;
+      line[l] = op.line(o, i);
     }
-    auto load = [&](int l, i64 c) { return *reinterpret_cast<const V*>(xl[l] + c * xs_col); };
-    V held[LINES][kRows];
-    OnlineSum<C> acc[LINES][VEC];
+    H held[LINES][kRows];
+    typename Op::Accumulator acc[LINES][VEC];
     for (i64 c0 = 0; c0 < cols; c0 += kRows) {
 #pragma unroll
       for (int l = 0; l < LINES; ++l) {
 #pragma unroll
-        for (int u = 0; u < kRows; ++u) held[l][u] = live[l] && c0 + u < cols ? load(l, c0 + u) : neg_inf_vec<T, VEC>();
+        for (int u = 0; u < kRows; ++u) {
+          held[l][u] = live[l] && c0 + u < cols ? op.template load_vector<VEC>(line[l], c0 + u)
+                                                : Op::template absent_vector<VEC>();
+        }
       }
 #pragma unroll
       for (int l = 0; l < LINES; ++l) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          C v[kRows];
+          typename Op::Value v[kRows];
 #pragma unroll
-          for (int u = 0; u < kRows; ++u) v[u] = to_compute(held[l][u].v[j]);
-          acc[l][j].template push_all<kRows>(v);
+          for (int u = 0; u < kRows; ++u) v[u] = Op::value(held[l][u], j);
+          Op::template add<kRows>(acc[l][j], v);
         }
       }
     }
     // Each position's finish, made once; past 8 positions a thread a line's finish is made where
     // its outputs are (the axes those variants take fit one step), which holds fewer registers.
     constexpr bool kFinishOnce = LINES * VEC <= 8;
-    MD<C> md[LINES][VEC];
-    RowFinish<OP, T> finish_once[kFinishOnce ? LINES : 1][VEC];
+    typename Op::Partial part[LINES][VEC];
+    F finish_once[kFinishOnce ? LINES : 1][VEC];
 #pragma unroll
     for (int l = 0; l < LINES; ++l) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        md[l][j] = acc[l][j].md();
-        if constexpr (kFinishOnce) finish_once[l][j] = RowFinish<OP, T>(md[l][j], safe != 0);
+        part[l][j] = Op::partial(acc[l][j]);
+        if constexpr (kFinishOnce) finish_once[l][j] = F(part[l][j], safe != 0);
       }
     }
     for (i64 c0 = 0; c0 < cols; c0 += kRows) {
@@ -1978,34 +1968,65 @@ PS_DEVICE void strided_thread(const T* x, T* y, i64 outer, i64 cols, i64 inner, 
         for (int l = 0; l < LINES; ++l) {
 #pragma unroll
           for (int u = 0; u < kRows; ++u) {
-            if (live[l] && c0 + u < cols) held[l][u] = load(l, c0 + u);
+            if (live[l] && c0 + u < cols) held[l][u] = op.template load_vector<VEC>(line[l], c0 + u);
           }
         }
       }
 #pragma unroll
       for (int l = 0; l < LINES; ++l) {
-        RowFinish<OP, T> finish[VEC];
+        F finish[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           if constexpr (kFinishOnce) {
             finish[j] = finish_once[l][j];
           } else {
-            finish[j] = RowFinish<OP, T>(md[l][j], safe != 0);
+            finish[j] = F(part[l][j], safe != 0);
           }
         }
 #pragma unroll
         for (int u = 0; u < kRows; ++u) {
-          if (live[l] && c0 + u < cols) {
-            V out;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(held[l][u].v[j])));
-            *reinterpret_cast<V*>(yl[l] + (c0 + u) * ys_col) = out;
-          }
+          if (live[l] && c0 + u < cols) op.template store_vector<VEC>(line[l], c0 + u, finish, held[l][u]);
         }
       }
     }
   }
 }
+
+// The forward op of the strided axis (strided_axis and strided_thread): one input, (m, d) partials.
+template <typename T, int OP> struct ForwardStrided {
+  typedef typename compute_of<T>::type C;
+  typedef C Value;
+  typedef OnlineSum<C> Accumulator;
+  typedef MD<C> Partial;
+  typedef RowFinish<OP, T> Finish;
+  struct Line { const T* x; T* y; };
+  template <int VEC> using Held = Vec<T, VEC>;
+  const T* x;
+  T* y;
+  i64 xs_outer, xs_col, xs_inner, ys_outer, ys_col, ys_inner;
+  template <int N> PS_DEVICE static void add(Accumulator& acc, const C* v) { acc.template push_all<N>(v); }
+  PS_DEVICE static MD<C> partial(const Accumulator& acc) { return acc.md(); }
+  // strided_axis: an element at a time
+  PS_DEVICE const T* column(i64 o, i64 i) const { return x + o * xs_outer + i * xs_inner; }
+  PS_DEVICE T* output(i64 o, i64 i) const { return y + o * ys_outer + i * ys_inner; }
+  PS_DEVICE C load(const T* xl, i64 c) const { return to_compute(xl[c * xs_col]); }
+  PS_DEVICE static C absent() { return ps_neg_inf<C>(); }
+  PS_DEVICE void store(T* yl, i64 c, const Finish& f, C v) const { yl[c * ys_col] = from_compute<T>(f(v)); }
+  // strided_thread: vectors of VEC positions
+  PS_DEVICE Line line(i64 o, i64 i) const { return Line{x + o * xs_outer + i * xs_inner, y + o * ys_outer + i * ys_inner}; }
+  template <int VEC> PS_DEVICE Vec<T, VEC> load_vector(const Line& l, i64 c) const {
+    return *reinterpret_cast<const Vec<T, VEC>*>(l.x + c * xs_col);
+  }
+  template <int VEC> PS_DEVICE static Vec<T, VEC> absent_vector() { return neg_inf_vec<T, VEC>(); }
+  template <int VEC> PS_DEVICE static C value(const Vec<T, VEC>& held, int j) { return to_compute(held.v[j]); }
+  template <int VEC>
+  PS_DEVICE void store_vector(const Line& l, i64 c, const Finish (&f)[VEC], const Vec<T, VEC>& held) const {
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(held.v[j])));
+    *reinterpret_cast<Vec<T, VEC>*>(l.y + c * ys_col) = out;
+  }
+};
 
 // ---- a strided axis, on chip: chunks of the axis on co-resident blocks -------------------
 // strided_axis reads the tensor twice. Here a tile's reduced axis is split into `chunks` chunks
@@ -2288,7 +2309,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_##DT##_##OPN##_v##V##_l##L( \
       const T* x, T* y, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, ps::i64 xsc,       \
       ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {                                \
-    ps::strided_thread<T, OP, V, L>(x, y, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, safe);   \
+    ps::strided_thread<ps::ForwardStrided<T, OP>, V, L>(ps::ForwardStrided<T, OP>{x, y, xso, xsc, xsi, yso, ysc, ysi}, \
+                                                        outer, cols, inner, safe);                   \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V##_l##L)
 

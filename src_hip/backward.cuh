@@ -32,6 +32,7 @@ template <> struct Backward<kSoftmax> {
   template <typename C> PS_DEVICE static C term(C dy, C y) { return dy * y; }
   template <typename C> struct Finish {
     C sum;
+    PS_DEVICE Finish() : sum(C(0)) {}
     PS_DEVICE Finish(GradSum<C> total, bool) : sum(static_cast<C>(total.sum)) {}
     // A safe row of all -inf has y = 0 and so dx = 0.
     PS_DEVICE C operator()(C dy, C y) const { return y * (dy - sum); }
@@ -47,6 +48,7 @@ template <> struct Backward<kLogSoftmax> {
     C sum, low;
     bool zero;  // a safe log_softmax's row of all -inf is constant: its gradient is 0
     ExpMinus<C> exp;  // float: the hardware base-2 exponential (float64: the precise one)
+    PS_DEVICE Finish() : sum(C(0)), low(C(0)), zero(false), exp(C(0)) {}
     PS_DEVICE Finish(GradSum<C> total, bool safe)
         : sum(total.top != total.top ? ps_nan<C>() : static_cast<C>(total.sum)),
           low(sum - sum == C(0) ? static_cast<C>(total.sum - static_cast<double>(sum)) : C(0)),
@@ -492,8 +494,9 @@ template <typename T, int OP> struct GradientSplit {
 };
 
 // ---- a strided axis ------------------------------------------------------------------------------
-// The forward's strided_axis with the gradient's op: a thread loads dy and y of an element, and a
-// column reduces to a GradSum.
+// The forward's strided regimes with the gradient's op: a thread loads dy and y of an element (or
+// of a vector of positions), and a position's column reduces to a GradSum: strided_axis (column
+// groups of a block, two reads) and strided_thread (short axes, a thread per line of positions).
 template <typename C> struct PartialFields<GradSum<C>> {
   typedef double First;
   typedef C Second;
@@ -506,21 +509,16 @@ template <typename C> struct PartialFields<GradSum<C>> {
 template <typename T, int OP> struct GradientStrided {
   typedef typename compute_of<T>::type C;
   struct Value { C dy, y; };
-  struct Column { const T* dy; const T* y; };
   typedef GradAccumulator<OP, C> Accumulator;
   typedef GradSum<C> Partial;
   typedef typename Backward<OP>::template Finish<C> Finish;
+  struct Column { const T* dy; const T* y; };
+  struct Line { const T* dy; const T* y; T* dx; };
+  template <int VEC> struct Held { Vec<T, VEC> dy, y; };
   const T* dy;
   const T* y;
   T* dx;
   i64 dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi;
-  PS_DEVICE Column column(i64 o, i64 i) const { return Column{dy + o * dyso + i * dysi, y + o * yso + i * ysi}; }
-  PS_DEVICE T* output(i64 o, i64 i) const { return dx + o * dxso + i * dxsi; }
-  PS_DEVICE Value load(const Column& at, i64 c) const {
-    return Value{to_compute(at.dy[c * dysc]), to_compute(at.y[c * ysc])};
-  }
-  // adds no term; for log_softmax, -inf leaves the max of y as it is
-  PS_DEVICE static Value absent() { return Value{C(0), Backward<OP>::kTop ? ps_neg_inf<C>() : C(0)}; }
   template <int N> PS_DEVICE static void add(Accumulator& acc, const Value* v) {
     C a[N], b[N];
 #pragma unroll
@@ -528,9 +526,45 @@ template <typename T, int OP> struct GradientStrided {
     acc.template add_all<N>(a, b);
   }
   PS_DEVICE static GradSum<C> partial(const Accumulator& acc) { return acc.total; }
-  PS_DEVICE Finish finish(GradSum<C> total, bool safe) const { return Finish(total, safe); }
+  // an element that adds no term; for log_softmax, -inf leaves the max of y as it is
+  static constexpr bool kAbsentYIsNegInf = Backward<OP>::kTop;
+  // strided_axis: an element at a time
+  PS_DEVICE Column column(i64 o, i64 i) const { return Column{dy + o * dyso + i * dysi, y + o * yso + i * ysi}; }
+  PS_DEVICE T* output(i64 o, i64 i) const { return dx + o * dxso + i * dxsi; }
+  PS_DEVICE Value load(const Column& at, i64 c) const {
+    return Value{to_compute(at.dy[c * dysc]), to_compute(at.y[c * ysc])};
+  }
+  PS_DEVICE static Value absent() { return Value{C(0), kAbsentYIsNegInf ? ps_neg_inf<C>() : C(0)}; }
   PS_DEVICE void store(T* dxl, i64 c, const Finish& f, const Value& v) const {
     dxl[c * dxsc] = from_compute<T>(f(v.dy, v.y));
+  }
+  // strided_thread: vectors of VEC positions
+  PS_DEVICE Line line(i64 o, i64 i) const {
+    return Line{dy + o * dyso + i * dysi, y + o * yso + i * ysi, dx + o * dxso + i * dxsi};
+  }
+  template <int VEC> PS_DEVICE Held<VEC> load_vector(const Line& l, i64 c) const {
+    return Held<VEC>{*reinterpret_cast<const Vec<T, VEC>*>(l.dy + c * dysc),
+                     *reinterpret_cast<const Vec<T, VEC>*>(l.y + c * ysc)};
+  }
+  template <int VEC> PS_DEVICE static Held<VEC> absent_vector() {
+    Held<VEC> h;
+    memset(&h.dy, 0, sizeof(h.dy));  // +0 in every floating-point format
+    if constexpr (kAbsentYIsNegInf) {
+      h.y = neg_inf_vec<T, VEC>();
+    } else {
+      memset(&h.y, 0, sizeof(h.y));
+    }
+    return h;
+  }
+  template <int VEC> PS_DEVICE static Value value(const Held<VEC>& h, int j) {
+    return Value{to_compute(h.dy.v[j]), to_compute(h.y.v[j])};
+  }
+  template <int VEC>
+  PS_DEVICE void store_vector(const Line& l, i64 c, const Finish (&f)[VEC], const Held<VEC>& h) const {
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(h.dy.v[j]), to_compute(h.y.v[j])));
+    *reinterpret_cast<Vec<T, VEC>*>(l.dx + c * dxsc) = out;
   }
 };
 
@@ -593,3 +627,14 @@ const int kGradStreamThreads = 256;       // the two-pass split
                      outer, cols, inner, inner_tile, safe);                                              \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_strided_##DT##_##OPN)
+
+#define PS_GRAD_STRIDED_THREAD_ENTRY(DT, T, OPN, OP, V, L)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_bwd_strided_thread_##DT##_##OPN##_v##V##_l##L( \
+      const T* dy, const T* y, T* dx, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 dyso,          \
+      ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 dxso, ps::i64 dxsc,     \
+      ps::i64 dxsi, int safe) {                                                                          \
+    ps::strided_thread<ps::GradientStrided<T, OP>, V, L>(                                                \
+        ps::GradientStrided<T, OP>{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi}, outer, cols, \
+        inner, safe);                                                                                    \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_strided_thread_##DT##_##OPN##_v##V##_l##L)

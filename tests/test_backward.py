@@ -190,6 +190,37 @@ def test_strided_axes_match_the_reference(runtime, rng, dtype):
             assert_gradient(got, dy, y, axis, op, f"{dtype} {shape} axis {axis}")
 
 
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_every_strided_regime_vector_width_and_line_count(runtime, rng, dtype):
+    """Short strided axes, a thread per line of positions, at every vector width and lines a thread
+    (the forward's strided_thread), and longer axes in column groups: against the float64
+    reference, also written over dy and over y, with a NaN position, a NaN y, and a safe
+    position of all -inf (log_softmax; zeros for softmax) whose gradient is 0."""
+    kernels = set()
+    shapes = [(3, cols, 3 * vec) for vec in V.strided_thread_widths(dtype) for cols in (2, 4, 50)]
+    for outer, cols, inner in shapes + [(2, 300, 64), (2, 1000, 40), (3, 70, 33)]:
+        strides = (cols * inner, inner, 1)
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (outer, cols, inner), 1, op, dtype)
+            dy = rng.standard_normal((outer, cols, inner)).astype(y.dtype)
+            dy[0, cols // 2, 0] = np.nan
+            y[1, cols - 1, inner - 1] = np.nan
+            y[outer - 1, :, inner // 2] = -np.inf if op == "log_softmax" else 0.0
+            problem = GradStridedProblem(dtype, op, outer, cols, inner, strides, strides, strides, safe=True)
+            the_plan = plan_backward(problem, runtime.profile(0))
+            kernels.add(the_plan.launches[0].kernel)
+            for into in (None, "dy", "y"):
+                got = runtime.run_backward(dy, y, the_plan, into=into)
+                what = f"{dtype} {(outer, cols, inner)} {the_plan.launches[0].kernel} over {into}"
+                assert_gradient(got, dy, y, 1, op, what)
+                assert np.isnan(got[0, :, 0].astype(np.float64)).all() and np.isnan(
+                    got[1, :, inner - 1].astype(np.float64)).all(), what
+                assert (got[outer - 1, :, inner // 2] == 0).all(), what
+    assert kernels == {V.grad_strided_name(dtype, op) for op in ("softmax", "log_softmax")} | {
+        V.grad_strided_thread_name(dtype, op, vec, lines)
+        for vec, lines in V.strided_thread_variants(dtype) for op in ("softmax", "log_softmax")}
+
+
 def test_nan_and_empty_rows(runtime, rng):
     """NaN in dy or y makes its row NaN; a log_softmax row of all -inf (a safe forward's) gets 0; a
     softmax row of zeros (its safe twin) gets 0. Every regime."""
@@ -300,6 +331,10 @@ def _witness_problems(dtype: str):
             for pad in (2, 4):
                 yield GradRowProblem(dtype, op, 4096, cols, strides=(cols + pad,) * 3)
         yield GradStridedProblem(dtype, op, 4, 100, 30, (3000, 30, 1), (3000, 30, 1), (3000, 30, 1))
+        for vec in V.strided_thread_widths(dtype):  # short axes over 3 * vec inner positions
+            for cols in (2, 4, 50):
+                strides = (cols * 3 * vec, 3 * vec, 1)
+                yield GradStridedProblem(dtype, op, 4, cols, 3 * vec, strides, strides, strides)
 
 
 @pytest.mark.parametrize("backend", BUILT_PROFILES)
@@ -372,6 +407,25 @@ GOLDEN = [  # shape -> regime on an H100: one or two a rule
 def test_golden_regimes(dtype, shape, regime, kernel_part):
     the_plan = plan_backward(GradRowProblem(dtype, "softmax", *shape), PROFILES["h100"])
     assert the_plan.regime == regime and kernel_part in the_plan.launches[0].kernel
+
+
+STRIDED_GOLDEN = [  # (outer, cols, inner) -> strided regime on an H100
+    ("float32", (1, 3, 10**7), "strided_thread", "_v4_l2"),  # a short axis: 16-byte vectors, two lines a thread
+    ("float32", (64, 100, 10000), "strided_thread", "_v4_l1"),
+    ("bfloat16", (128, 400, 2048), "strided_thread", "_v8_l1"),  # its lines give a block to most multiprocessors
+    ("bfloat16", (256, 512, 512), "strided", "strided_bf16"),  # ... to fewer than half of them
+    ("float64", (256, 200, 512), "strided", "strided_f64"),
+    ("float32", (1, 8192, 8192), "strided", "strided_f32"),
+]
+
+
+@pytest.mark.parametrize("dtype, shape, tier, kernel_part", STRIDED_GOLDEN)
+def test_golden_strided_regimes(dtype, shape, tier, kernel_part):
+    outer, cols, inner = shape
+    strides = (cols * inner, inner, 1)
+    the_plan = plan_backward(GradStridedProblem(dtype, "softmax", outer, cols, inner, strides, strides, strides),
+                             PROFILES["h100"])
+    assert the_plan.tier == tier and kernel_part in the_plan.launches[0].kernel, the_plan.launches[0].kernel
 
 
 # ---- the public API on the host ----------------------------------------------------------------------

@@ -108,6 +108,31 @@ def test_a_gradients_out_overlapping_dy_or_y_partly_is_computed_apart(rng, libra
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_every_strided_regime_and_vector_width(rng, dtype):
+    """Non-last axes: short ones a thread per line of positions at every vector width (inner
+    positions 3 * vec, rows of 2, 4 and 50), long ones in column groups; also over a view one
+    element past an aligned address (vectors of one)."""
+    torch = _torch_cuda()
+    from portable_softmax import _variants as V
+
+    tiers = set()
+    shapes = [(3, cols, 3 * vec) for vec in V.strided_thread_widths(dtype) for cols in (2, 4, 50)]
+    for shape in shapes + [(2, 300, 64), (2, 1000, 40), (5, 70, 33)]:
+        for op, fn in FNS.items():
+            y = forward_output(rng, shape, 1, op, dtype)
+            dy = rng.standard_normal(shape).astype(y.dtype)
+            dy_t, y_t = _to_torch(dy), _to_torch(y)
+            tiers.add(_tier(dy_t, y_t, 1, op))
+            assert_gradient(_to_numpy(fn(dy_t, y_t, 1)), dy, y, 1, op, f"torch {dtype} {shape}")
+            flat = torch.empty(dy.size + 1, dtype=dy_t.dtype, device="cuda")
+            view = flat[1:].view(shape)
+            view.copy_(dy_t)
+            assert_gradient(_to_numpy(fn(view, y_t, 1)), dy, y, 1, op, f"torch {dtype} {shape} offset 1")
+    assert tiers == {"strided", "strided_thread"}
+
+
+@needs_cuda
 def test_log_softmax_gradients_take_a_long_rows_sum_exactly(rng):
     """Where exp(y) * sum(dy) cancels dy, the sum's float32 rounding would be all of dx (see the
     emulated test of the same name): every row regime, on the device."""
