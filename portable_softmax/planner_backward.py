@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil
+from typing import Any
 
 from . import _variants as V
 from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, _work_grid, grid_for
@@ -100,11 +101,24 @@ class _Shape:
 
 
 @dataclass(frozen=True)
+class _Lines:
+    """What the strided rules look at: a short-axis thread's vector width and lines (vectors of
+    inner positions) a thread, and the blocks those lines fill."""
+
+    vec: int
+    lines: int
+    blocks: int
+
+
+@dataclass(frozen=True)
 class Rule:
+    """A planner rule: where it applies, the plan it builds, and why. Row rules look at a row
+    problem and its _Shape, strided rules at a strided problem and its _Lines."""
+
     name: str
     why: str
-    applies: Callable[[GradTuning, GradRowProblem, DeviceProfile, _Shape], bool]
-    build: Callable[[GradTuning, GradRowProblem, DeviceProfile, _Shape], Plan]
+    applies: Callable[[GradTuning, Any, DeviceProfile, Any], bool]
+    build: Callable[[GradTuning, Any, DeviceProfile, Any], Plan]
 
 
 def _row_args(p: GradRowProblem) -> tuple:
@@ -243,7 +257,9 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
     """The launches that compute dx for ``problem`` on ``device``."""
     _check(problem.dtype, problem.op, device)
     if isinstance(problem, GradStridedProblem):
-        return _plan_strided(tuning, problem, device)
+        lines = _lines(tuning, problem)
+        return next(r for r in STRIDED_RULES if r.applies(tuning, problem, device, lines)).build(
+            tuning, problem, device, lines)
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
     vec = grad_vector_width(problem)
@@ -265,35 +281,51 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
     return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
-def _plan_strided(t: GradTuning, p: GradStridedProblem, device: DeviceProfile) -> Plan:
-    """A strided axis: short axes (t.strided_thread_*) a thread per line of inner positions and the
-    whole axis (strided_thread), no reduction across threads; others a warp's worth of neighbouring
-    inner positions (fewer when inner is small) a block, the reduced axis split among its column
-    groups (strided)."""
-    if p.outer * p.inner <= 0 or p.cols <= 0:
-        return Plan("empty", ())
-    strides = (*p.dy_strides, *p.y_strides, *p.dx_strides)
-    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
-            *((I64, s) for s in strides))
+def _lines(t: GradTuning, p: GradStridedProblem) -> _Lines:
     vec = strided_thread_vector(p)
     lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
     if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
         lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
-    threads = t.strided_thread_threads
-    blocks = ceil(p.outer * ceil(p.inner / vec) / (threads * lines_a_thread))
-    if p.cols <= t.strided_thread_short_cols or (
-            p.cols <= t.strided_thread_max_cols and p.inner >= t.strided_thread_min_inner
-            and V.DTYPES[p.dtype][2] in t.strided_thread_max_cols_itemsizes
-            and blocks >= t.strided_thread_min_fill * device.multiprocessors):
-        launch = Launch(V.grad_strided_thread_name(p.dtype, p.op, vec, lines_a_thread), _work_grid(blocks, device),
-                        threads, 0, (*args, (I32, int(p.safe))))
-        return Plan("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread}, scratch_zeroed=False)
+    blocks = ceil(p.outer * ceil(p.inner / vec) / (t.strided_thread_threads * lines_a_thread))
+    return _Lines(vec, lines_a_thread, blocks)
+
+
+def _view_args(p: GradStridedProblem) -> tuple:
+    return ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.outer), (I64, p.cols), (I64, p.inner),
+            *((I64, s) for s in (*p.dy_strides, *p.y_strides, *p.dx_strides)))
+
+
+def _strided_thread(t: GradTuning, p: GradStridedProblem, device: DeviceProfile, s: _Lines) -> Plan:
+    launch = Launch(V.grad_strided_thread_name(p.dtype, p.op, s.vec, s.lines), _work_grid(s.blocks, device),
+                    t.strided_thread_threads, 0, (*_view_args(p), (I32, int(p.safe))))
+    return Plan("strided_thread", (launch,), notes={"vec": s.vec, "lines": s.lines}, scratch_zeroed=False)
+
+
+def _strided_groups(t: GradTuning, p: GradStridedProblem, device: DeviceProfile, s: _Lines) -> Plan:
     inner_tile = min(device.warp_size, V.next_pow2(p.inner))
     threads = min(device.max_threads_per_block, max(256, inner_tile * min(32, p.cols)))
-    tiles = p.outer * ceil(p.inner / inner_tile)
-    launch = Launch(V.grad_strided_name(p.dtype, p.op), grid_for(tiles, device, 8), threads, 0,
-                    (*args, (I32, inner_tile), (I32, int(p.safe))))
+    launch = Launch(V.grad_strided_name(p.dtype, p.op), grid_for(p.outer * ceil(p.inner / inner_tile), device, 8),
+                    threads, 0, (*_view_args(p), (I32, inner_tile), (I32, int(p.safe))))
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile}, scratch_zeroed=False)
+
+
+#: The planner for a strided (non-last) axis, in order: the first rule that takes a problem builds its plan.
+STRIDED_RULES: tuple[Rule, ...] = (
+    Rule("empty", "no lines, or lines of no elements: nothing to launch",
+         lambda t, p, d, s: p.outer * p.inner <= 0 or p.cols <= 0, lambda t, p, d, s: Plan("empty", ())),
+    Rule("a short strided axis", "up to strided_thread_short_cols rows: a thread per 16 bytes of inner positions "
+         "down the whole axis, no barrier (column groups would idle, and meet every few values)",
+         lambda t, p, d, s: p.cols <= t.strided_thread_short_cols, _strided_thread),
+    Rule("a short strided axis, many lines", "up to strided_thread_max_cols rows over wide inner positions of "
+         "2- and 4-byte elements, where the lines give most multiprocessors a block (fewer lines leave the "
+         "device short of loads in flight, which column groups split the axis to make)",
+         lambda t, p, d, s: p.cols <= t.strided_thread_max_cols and p.inner >= t.strided_thread_min_inner
+         and V.DTYPES[p.dtype][2] in t.strided_thread_max_cols_itemsizes
+         and s.blocks >= t.strided_thread_min_fill * d.multiprocessors, _strided_thread),
+    Rule("a strided axis", "other axes: a warp's worth of neighbouring inner positions (fewer where inner is "
+         "small) a block, the axis split among its column groups, read twice", lambda t, p, d, s: True,
+         _strided_groups),
+)
 
 
 def strided_thread_vector(p: GradStridedProblem) -> int:

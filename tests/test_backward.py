@@ -24,6 +24,7 @@ from portable_softmax import _variants as V
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
     ROW_RULES,
+    STRIDED_RULES,
     GradRowProblem,
     GradStridedProblem,
     GradTuning,
@@ -387,9 +388,10 @@ def test_groups_hold_a_row_in_the_fewest_lanes_of_16_bytes(dtype, warp):
                 assert slots == 1 or warp * slots // 2 < row_slots
 
 
-def test_every_row_rule_says_why():
+def test_every_rule_says_why_and_the_last_takes_every_problem():
     assert [r.name for r in ROW_RULES][-1] == "a row split across blocks, two passes"
-    assert all(r.why for r in ROW_RULES)
+    assert [r.name for r in STRIDED_RULES][-1] == "a strided axis"
+    assert all(r.why for r in (*ROW_RULES, *STRIDED_RULES))
 
 
 GOLDEN = [  # shape -> regime on an H100: one or two a rule
