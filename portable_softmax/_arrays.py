@@ -311,10 +311,15 @@ def write_window(read: DeviceArray, written: DeviceArray) -> tuple[int, int, boo
     return read_low - high, read_high - low, same
 
 
+def shares_bytes(window: tuple[int, int, bool], delta: int) -> bool:
+    """Whether an output ``delta`` bytes past an input's pointer shares bytes with it without being
+    it, by the input's `write_window` (the repeat-call paths make this test inline)."""
+    low, high, same = window
+    return low < delta < high and (delta != 0 or not same)
+
+
 def overlaps_partly(read: DeviceArray, written: DeviceArray) -> bool:
     """Whether writing ``written`` could change elements of ``read`` other than its own (a view
     that shares bytes with the input but is not the input itself): such an output is computed
     apart and copied in. Writing over the input itself (in place) is allowed."""
-    low, high, same = write_window(read, written)
-    delta = written.ptr - read.ptr
-    return low < delta < high and not (delta == 0 and same)
+    return shares_bytes(write_window(read, written), written.ptr - read.ptr)

@@ -15,7 +15,6 @@ from ._arrays import (
     classify,
     element_misalign,
     host_view,
-    overlaps_partly,
     write_window,
 )
 from ._dtypes import SUPPORTED, UnsupportedDtypeError, storage_name
@@ -186,9 +185,10 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
         dl, yl = api._as_strided(dl), api._as_strided(yl)
     target = dst
     xl = describe(shape, dst.strides, axis) if dst is not None else None
+    windows = () if dst is None else (write_window(src, dst), write_window(ys, dst))
     # out's dims do not collapse, or it shares bytes with dy or y without being that array: dx apart
-    if xl is None or (isinstance(xl, Strided) and xl.inner == 1) or overlaps_partly(src, dst) \
-            or overlaps_partly(ys, dst):
+    if xl is None or (isinstance(xl, Strided) and xl.inner == 1) or _shares_bytes(
+            windows, dst.ptr - src.ptr, dst.ptr - ys.ptr):
         target = type(src)(src.empty(shape))
         xl = describe(shape, target.strides, axis)
     if not (isinstance(dl, Rows) and isinstance(xl, Rows)):  # a strided one: all three as strided views
@@ -196,12 +196,11 @@ def _run_device(src: DeviceArray, ys: DeviceArray, axis: int, op: str, dst: Devi
     misaligns = tuple(element_misalign(a.ptr, src.dtype) for a in (src, ys, target))
     problem = _problem(src.dtype, op, dl, yl, xl, misaligns)
     the_plan = plan_backward(problem, rt.profile(src.device_index))
-    key, windows = None, ()
+    key = None
     # a call the repeat path can take next time (nothing copied): its launcher built, kept and replayed
     if src.array is dy and ys.array is y and (dst is None or target is dst) and type(y) is type(dy) \
             and api._preparable(dy, out):
         key = _repeat_key(dy, y, axis if given_axis is None else given_axis, op, out)
-        windows = () if dst is None else (write_window(src, dst), write_window(ys, dst))
     api.launch_keeping(rt, src, the_plan, {"dy": src.ptr, "y": ys.ptr, "dx": target.ptr}, src.stream(), key,
                        windows)
     if dst is not None:
@@ -236,7 +235,8 @@ def _repeat_key(dy, y, axis, op: str, out=None) -> tuple:
 
 def _shares_bytes(windows, from_dy: int, from_y: int) -> bool:
     """Whether out, ``from_dy`` and ``from_y`` bytes past dy's and y's pointers, shares bytes with
-    either without being that array (the full path computes such a dx apart)."""
+    either without being that array (the full path computes such a dx apart): _arrays.shares_bytes
+    of both windows, in one call for the repeat paths."""
     (dy_low, dy_high, dy_same), (y_low, y_high, y_same) = windows
     return (dy_low < from_dy < dy_high and (from_dy or not dy_same)) or (
         y_low < from_y < y_high and (from_y or not y_same))

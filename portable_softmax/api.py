@@ -22,7 +22,7 @@ from ._arrays import (
     classify,
     element_misalign,
     host_view,
-    overlaps_partly,
+    shares_bytes,
     torch_stream_reader,
     write_window,
 )
@@ -411,10 +411,12 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     if xl is None or (isinstance(xl, Strided) and xl.inner == 1):
         src = src.contiguous()  # dims that do not collapse, or a strided last axis
         xl = describe(shape, src.strides, axis)
-    target, yl = None, None
+    target, yl, window = None, None, None
     if dst is not None:  # out written directly unless its layout differs in kind or it shares bytes with x
         yl = describe(shape, dst.strides, axis)
-        if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows) and not overlaps_partly(src, dst):
+        window = write_window(src, dst)
+        if yl is not None and isinstance(yl, Rows) == isinstance(xl, Rows) and not shares_bytes(
+                window, dst.ptr - src.ptr):
             target = dst
     if target is None:
         target = type(src)(src.empty(shape))  # a fresh C-contiguous output, read like the input
@@ -429,7 +431,7 @@ def _run_device(src: DeviceArray, axis: int, op: str, safe: bool, dst: DeviceArr
     if src.array is original and (dst is None or target is dst) and not (op == "log_softmax" and safe) \
             and _preparable(original, out):
         key = _prepared_key(original, axis if given_axis is None else given_axis, op, safe, out)
-        windows = () if dst is None else (write_window(src, dst),)
+        windows = () if dst is None else (window,)
     launch_keeping(rt, src, the_plan, {"x": src.ptr, "y": target.ptr}, stream, key, windows)
     if op == "log_softmax" and safe:  # the kernels give NaN for a row of all -inf; safe asks for -inf
         src.fill_empty_rows(target.array, axis, -float("inf"))
@@ -563,7 +565,7 @@ def _run_prepared(x, axis, op, out, safe):
     if out is not None:
         low, high, same = windows[0]
         delta = out_ptr - ptr
-        if low < delta < high and (delta or not same):
+        if low < delta < high and (delta or not same):  # _arrays.shares_bytes, inline
             return None  # out shares bytes with x but is not x: the full path computes it apart
         launcher(ptr, out_ptr, stream)
         return out
@@ -619,7 +621,7 @@ def _run_prepared_cupy(x, axis, op, out, safe):
     if out is not None:
         low, high, same = windows[0]
         delta = out_ptr - ptr
-        if low < delta < high and (delta or not same):
+        if low < delta < high and (delta or not same):  # _arrays.shares_bytes, inline
             return None  # out shares bytes with x but is not x: the full path computes it apart
         launcher(ptr, out_ptr, stream)
         return out

@@ -1404,14 +1404,26 @@ def _plan_strided(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
     return first_rule(STRIDED_RULES, axis).build(axis).resolve()
 
 
-def _widest_aligned(p: StridedProblem, widths) -> int:
-    """The widest of `widths` to which every row of the input and output starts aligned (inner
-    positions contiguous), else 1."""
-    (xo, xc, xi), (yo, yc, yi) = p.x_strides, p.y_strides
-    if xi != 1 or yi != 1:
+def widest_aligned(widths, outer: int, inner: int, strides, misaligns) -> int:
+    """The widest of `widths` to which every row of the arrays with these (outer, col, inner)
+    `strides` and base `misaligns` starts aligned (inner positions contiguous), else 1."""
+    if any(inner_stride != 1 for _, _, inner_stride in strides):
         return 1
-    steps = (p.inner, xc, yc, p.x_misalign, p.y_misalign) + ((xo, yo) if p.outer > 1 else ())
+    steps = (inner, *(c for _, c, _ in strides), *misaligns) + (tuple(o for o, _, _ in strides) if outer > 1 else ())
     return max((v for v in widths if all(s % v == 0 for s in steps)), default=1)
+
+
+def _widest_aligned(p: StridedProblem, widths) -> int:
+    return widest_aligned(widths, p.outer, p.inner, (p.x_strides, p.y_strides), (p.x_misalign, p.y_misalign))
+
+
+def strided_thread_lines(dtype: str, vec: int, cols: int) -> int:
+    """Vectors of `vec` inner positions a thread of the short-axis strided tier takes: 16 bytes of
+    positions, and more 16-byte vectors where the axis has few rows to load."""
+    lines_a_thread = V.vector_widths(dtype)[1] // vec
+    if lines_a_thread == 1:
+        lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if cols <= rows), 1)
+    return lines_a_thread
 
 
 def strided_vec(t: Tuning, p: StridedProblem) -> int:
@@ -1425,9 +1437,7 @@ def strided_vec(t: Tuning, p: StridedProblem) -> int:
 
 def _plan_strided_thread(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft:
     vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
-    lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
-    if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
-        lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
+    lines_a_thread = strided_thread_lines(p.dtype, vec, p.cols)
     lines = p.outer * ceil(p.inner / vec)
     args = (("ptr", "x"), ("ptr", "y"), *_view_args(p), (I32, _safe(p)))
     launch = Step(Kernel("strided_thread", (p.dtype, p.op, vec, lines_a_thread)),

@@ -19,7 +19,19 @@ from math import ceil
 from typing import Any
 
 from . import _variants as V
-from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan, PlanError, _work_grid, grid_for
+from .planner import (
+    I32,
+    I64,
+    PTR,
+    DeviceProfile,
+    Launch,
+    Plan,
+    PlanError,
+    _work_grid,
+    grid_for,
+    strided_thread_lines,
+    widest_aligned,
+)
 
 OPS = ("softmax", "log_softmax")
 
@@ -282,10 +294,11 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
 
 
 def _lines(t: GradTuning, p: GradStridedProblem) -> _Lines:
-    vec = strided_thread_vector(p)
-    lines_a_thread = V.vector_widths(p.dtype)[1] // vec  # 16 bytes of inner positions a thread
-    if lines_a_thread == 1:  # more 16-byte vectors a thread where the axis has few rows to load
-        lines_a_thread = next((n for rows, n in V.STRIDED_THREAD_WIDE_LINES if p.cols <= rows), 1)
+    """The forward's short-axis shape (planner.widest_aligned, planner.strided_thread_lines) over
+    dy, y and dx."""
+    vec = widest_aligned(V.strided_thread_widths(p.dtype), p.outer, p.inner,
+                         (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
+    lines_a_thread = strided_thread_lines(p.dtype, vec, p.cols)
     blocks = ceil(p.outer * ceil(p.inner / vec) / (t.strided_thread_threads * lines_a_thread))
     return _Lines(vec, lines_a_thread, blocks)
 
@@ -326,14 +339,3 @@ STRIDED_RULES: tuple[Rule, ...] = (
          "small) a block, the axis split among its column groups, read twice", lambda t, p, d, s: True,
          _strided_groups),
 )
-
-
-def strided_thread_vector(p: GradStridedProblem) -> int:
-    """Inner positions a thread of the short strided axis loads at once: the widest of
-    V.strided_thread_widths to which every row of dy, y and dx starts aligned, else 1."""
-    if any(strides[2] != 1 for strides in (p.dy_strides, p.y_strides, p.dx_strides)):
-        return 1
-    steps = (p.inner, p.dy_strides[1], p.y_strides[1], p.dx_strides[1], *p.misaligns)
-    if p.outer > 1:
-        steps += (p.dy_strides[0], p.y_strides[0], p.dx_strides[0])
-    return max((v for v in V.strided_thread_widths(p.dtype) if all(s % v == 0 for s in steps)), default=1)

@@ -49,6 +49,15 @@ def _to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
+def device_arrays(library: str):
+    """(make, host) for "torch" or "cupy": a numpy array to a device array of that library, and back."""
+    if library == "torch":
+        torch = _torch_cuda()
+        return (lambda a: torch.from_numpy(a).cuda()), _to_numpy
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    return cupy.asarray, cupy.asnumpy
+
+
 def _plan_of(v, axis: int = -1):
     """The plan the API makes for softmax of device tensor `v` along `axis`, in place."""
     from portable_softmax import api
@@ -140,12 +149,7 @@ def test_out_on_device_including_in_place(rng):
 def test_an_out_that_overlaps_the_input_partly_gets_the_inputs_softmax(rng, library, cols):
     """ps.softmax(x[1:], out=x[:-1]) reads rows that its output overwrites: computed apart and
     copied in, on the first call and on a repeat call of the same layouts."""
-    if library == "torch":
-        torch = _torch_cuda()
-        make, host = (lambda a: torch.from_numpy(a).cuda()), _to_numpy
-    else:
-        cupy = pytest.importorskip("cupy", reason="cupy is not installed")
-        make, host = cupy.asarray, cupy.asnumpy
+    make, host = device_arrays(library)
     for _ in range(2):
         data = random_input(rng, (9, cols), "float32")
         x = make(data)

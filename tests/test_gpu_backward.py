@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 from test_backward import assert_gradient, forward_output, long_rows_with_a_cancelling_element
-from test_gpu import _to_numpy, _torch_cuda, needs_cuda
+from test_gpu import _to_numpy, _torch_cuda, device_arrays, needs_cuda
 
 import portable_softmax as ps
 from portable_softmax import _probe
@@ -87,12 +87,7 @@ def test_cupy_gradients_written_over_dy_or_y(rng, dtype, into):
 def test_a_gradients_out_overlapping_dy_or_y_partly_is_computed_apart(rng, library):
     """dy, y and out rows of one buffer, out a row off dy or y: the gradient of the inputs as they
     were, on the first call and on a repeat call of the same layouts."""
-    if library == "torch":
-        torch = _torch_cuda()
-        make, host = (lambda a: torch.from_numpy(a).cuda()), _to_numpy
-    else:
-        cupy = pytest.importorskip("cupy", reason="cupy is not installed")
-        make, host = cupy.asarray, cupy.asnumpy
+    make, host = device_arrays(library)
     for cols in (40, 3000, 131072):
         for op, fn in FNS.items():
             for _ in range(2):
