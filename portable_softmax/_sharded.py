@@ -155,7 +155,8 @@ class KernelMath(TorchMath):
     chunk's and the monoid's identity as the others', which merge back into it exactly.
 
     Forward: the first pass (``ps_split_partials_*``) writes each chunk's (m, d); the second
-    (``ps_split_normalize_*``), given the row's (M, D), normalises each chunk.
+    (``ps_split_normalize_*``), given the row's (M, D), normalises each chunk. Where copies are
+    asynchronous, the ``_buffered_`` forms take the chunks through shared memory (docs/design.md).
 
     Backward: the gradient's first pass (``ps_bwd_partials_*``) writes each chunk's (sum, top) as two
     doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for log_softmax the max of y,

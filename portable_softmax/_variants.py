@@ -29,6 +29,9 @@ WARP_TIER_THREADS = 128
 #: kStagedThreads, kCachedThreads; their launch bounds also cap registers for occupancy)
 LAUNCH_BOUND_THREADS = {"block": 512, "staged": 128, "cached": 384, "block_registers": 1024,
                         "cached_registers": 256}
+#: element sizes whose two-pass split normalises through a buffer in shared memory where copies are
+#: asynchronous (its first pass does for every size): streamed, their 8-wide slots keep two in flight
+SPLIT_BUFFERED_NORMALIZE_ITEMSIZES = (2,)
 #: a lane of the register tier holds at most this many compute values
 MAX_VALUES_PER_LANE = {"float": 64, "double": 16}
 #: ... and at most this many of a 16-bit row (bytes per element -> values): longer 16-bit rows take
@@ -172,6 +175,14 @@ def split_partials_name(dtype: str, warp: int, vec: int) -> str:
     return f"ps_split_partials_{DTYPES[dtype][0]}_w{warp}_v{vec}"
 
 
+def split_partials_buffered_name(dtype: str, warp: int, vec: int) -> str:
+    return f"ps_split_partials_buffered_{DTYPES[dtype][0]}_w{warp}_v{vec}"
+
+
+def split_normalize_buffered_name(dtype: str, op: str, warp: int, vec: int) -> str:
+    return f"ps_split_normalize_buffered_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
+
+
 def split_normalize_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_split_normalize_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
@@ -281,7 +292,8 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 #: newer have (planner.has_async_copy): built for NVIDIA and the emulation, never for AMD, and never
 #: at warp 64
 ASYNC_COPY_MACROS = ("PS_STAGED_GROUP_ENTRY", "PS_STAGED_WARP_ENTRY", "PS_BLOCK_REGISTERS_ENTRY",
-                     "PS_CACHED_REGISTERS_ENTRY")
+                     "PS_CACHED_REGISTERS_ENTRY", "PS_PARTIALS_BUFFERED_ENTRY",
+                     "PS_SPLIT_BUFFERED_ENTRY")
 
 
 @dataclass(frozen=True)
@@ -328,6 +340,10 @@ def warp_entries(dtype: str, warp: int) -> list[Entry]:
     out = []
     for vec in vector_widths(dtype):
         out.append(Entry(split_partials_name(dtype, warp, vec), "PS_PARTIALS_ENTRY", (tag, ctype, warp, vec)))
+        buffered = vec * DTYPES[dtype][2] >= 4  # slots an asynchronous copy takes (4 bytes and up)
+        if buffered:
+            out.append(Entry(split_partials_buffered_name(dtype, warp, vec), "PS_PARTIALS_BUFFERED_ENTRY",
+                             (tag, ctype, warp, vec)))
         for op, enum in OPS.items():
             head = (tag, ctype, op, enum, warp)
             out += [Entry(v.name, "PS_WARP_ONE_ROW_ENTRY" if v.one_row else "PS_WARP_ENTRY",
@@ -336,6 +352,9 @@ def warp_entries(dtype: str, warp: int) -> list[Entry]:
             if dtype in BLOCK_REGISTERS_DTYPES:
                 out.append(Entry(block_registers_name(dtype, op, warp, vec), "PS_BLOCK_REGISTERS_ENTRY", (*head, vec)))
             out.append(Entry(split_normalize_name(dtype, op, warp, vec), "PS_SPLIT_ENTRY", (*head, vec)))
+            if buffered and DTYPES[dtype][2] in SPLIT_BUFFERED_NORMALIZE_ITEMSIZES:
+                out.append(Entry(split_normalize_buffered_name(dtype, op, warp, vec), "PS_SPLIT_BUFFERED_ENTRY",
+                                 (*head, vec)))
             out.append(Entry(split_cached_name(dtype, op, warp, vec), "PS_CACHED_ENTRY", (*head, vec)))
             out += [Entry(split_cached_registers_name(dtype, op, warp, vec, h, b), "PS_CACHED_REGISTERS_ENTRY",
                           (*head, vec, h, b)) for h, b in split_registers_configs(dtype)]

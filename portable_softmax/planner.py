@@ -165,6 +165,8 @@ KERNEL_NAMES: dict[str, Callable[..., str]] = {
     "staged_warp": V.staged_warp_name, "warp": lambda variant: variant.name, "block": V.block_name,
     "block_registers": V.block_registers_name, "cached": V.split_cached_name,
     "cached_registers": V.split_cached_registers_name, "split_partials": V.split_partials_name,
+    "split_partials_buffered": V.split_partials_buffered_name,
+    "split_normalize_buffered": V.split_normalize_buffered_name,
     "split_normalize": V.split_normalize_name, "strided": V.strided_name, "strided_thread": V.strided_thread_name,
     "strided_cached": V.strided_cached_name,
 }
@@ -408,6 +410,12 @@ class Tuning:
     split_registers: SizeMap = SizeMap({size: pairs[0] for size, pairs in V.SPLIT_REGISTERS_CONFIGS.items()})
     split_registers_threads: int = V.LAUNCH_BOUND_THREADS["cached_registers"]
     split_registers_full_grid: tuple = (2, 4)
+    #: with asynchronous copies, the two-pass split's first pass takes its chunks through a buffer
+    #: of split_buffer_bytes in shared memory (a thread's whole share of it in flight at once), in
+    #: blocks of split_buffer_threads, and so does its second pass for 16-bit values (streamed,
+    #: their 8-wide slots keep two in flight a thread); 0: both passes stream
+    split_buffer_bytes: int = 0
+    split_buffer_threads: int = 256
     #: chunks start on multiples of this many bytes from the row's first aligned slot, so that no
     #: warp access of a chunk spans a cache line more than it fills
     chunk_align_bytes: int = 256
@@ -443,7 +451,8 @@ DEFAULT_TUNING = Tuning()
 #: NVIDIA sm_80 and newer: asynchronous copies fill shared memory without registers, so the staged
 #: and block tiers take longer rows, and 16-bit rows on 4-byte boundaries leave the register tier sooner
 ASYNC_COPY_TUNING = Tuning(warp_tier_max_values_whole_words=SizeMap({2: 16}), staged_max_row_bytes=576,
-                           staged_before_scalar_cols=SizeMap({2: 512, 4: 80}), staged_whole_vector_bytes=(48, 496))
+                           staged_before_scalar_cols=SizeMap({2: 512, 4: 80}), staged_whole_vector_bytes=(48, 496),
+                           split_buffer_bytes=65536)
 
 
 class PlanError(ValueError):
@@ -1278,12 +1287,24 @@ def _two_pass_split(r: _Rows) -> Draft:
     jobs = p.rows * chunks
     grid = grid_for(jobs, device, 4)
     xs, ys = p.strides()
-    partials = Step(Kernel("split_partials", (p.dtype, r.warp, vec)), grid, threads, 0,
-                    (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
-                     (I64, chunk_slots), (I64, chunks)))
-    normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0,
-                     (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
-                      (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p))))
+    first_args = (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
+                  (I64, chunk_slots), (I64, chunks))
+    second_args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
+                   (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p)))
+    slot_bytes = vec * r.itemsize
+    if t.split_buffer_bytes and has_async_copy(device) and slot_bytes >= 4:
+        buffer_slots = min(chunk_slots, t.split_buffer_bytes // slot_bytes)
+        buffer = (I64, buffer_slots)
+        partials = Step(Kernel("split_partials_buffered", (p.dtype, r.warp, vec)), grid, t.split_buffer_threads,
+                        buffer_slots * slot_bytes, (*first_args, buffer))
+        if r.itemsize in V.SPLIT_BUFFERED_NORMALIZE_ITEMSIZES:
+            normalize = Step(Kernel("split_normalize_buffered", (p.dtype, p.op, r.warp, vec)), grid,
+                             t.split_buffer_threads, buffer_slots * slot_bytes, (*second_args, buffer))
+        else:
+            normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0, second_args)
+    else:
+        partials = Step(Kernel("split_partials", (p.dtype, r.warp, vec)), grid, threads, 0, first_args)
+        normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0, second_args)
     return Draft("split", (partials, normalize), scratch=(("partials", 2 * jobs * r.compute_bytes),),
                  notes={**r.notes(), "chunks": chunks, "chunk_slots": chunk_slots}, scratch_zeroed=False)
 

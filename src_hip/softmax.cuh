@@ -1591,6 +1591,9 @@ template <typename T, int OP> struct ForwardSplit {
     partials[2 * job + 1] = md.d;
   }
   template <int WARP> PS_DEVICE RowFinish<OP, T> merge(const C* partials, i64 row, i64 chunks) const {
+    // A row of one chunk (a caller that merged the row's pairs itself: the sharded finish) is its
+    // pair: every thread reads it, no block reduction and no barrier before the row's loads.
+    if (chunks == 1) return RowFinish<OP, T>(MD<C>{partials[2 * row], partials[2 * row + 1]}, safe);
     MD<C> md = md_identity<C>();
     for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
       MD<C> part = {partials[2 * (row * chunks + c)], partials[2 * (row * chunks + c) + 1]};
@@ -1606,6 +1609,45 @@ template <typename T, int OP> struct ForwardSplit {
       finish_slot(f, raw, v);
       rs.template store<true>(k, v);
     });
+  }
+};
+
+// The two passes through a buffer in shared memory, buffer_slots slots of a chunk at a time, filled
+// as the block tier fills its row cache (cache_chunk): a thread's whole share of each piece in flight
+// at once through asynchronous copies, where streaming through registers keeps two to four slots in
+// flight. The first pass's 16-bit values then take their max before their exps (add_cached_two_pass)
+// instead of rescaling four slots at a time. Without asynchronous copies, the second pass streams.
+template <typename T, int OP> struct ForwardSplitBuffered : ForwardSplit<T, OP> {
+  typedef typename compute_of<T>::type C;
+  float4* buffer;
+  i64 buffer_slots;
+  template <int WARP, int VEC> PS_DEVICE MD<C> chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end) const {
+    MD<C> md = md_identity<C>();
+    for (i64 piece = begin; piece < end; piece += buffer_slots) {
+      const i64 piece_end = piece + buffer_slots < end ? piece + buffer_slots : end;
+      md = md_combine(md, cache_chunk<T, VEC, kBlockCopyGroups<T>>(rs, piece, piece_end,
+                                                                   reinterpret_cast<Vec<T, VEC>*>(buffer)));
+    }
+    return md_reduce_block<WARP>(md);
+  }
+  template <int VEC>
+  PS_DEVICE void finish_chunk(const RowSlots<T, VEC>& rs, i64 begin, i64 end, const RowFinish<OP, T>& f) const {
+#if PS_ASYNC_COPY
+    if constexpr (kAsyncSlots<T, VEC>) {
+      Vec<T, VEC>* cache = reinterpret_cast<Vec<T, VEC>*>(buffer);
+      for (i64 piece = begin; piece < end; piece += buffer_slots) {
+        const i64 piece_end = piece + buffer_slots < end ? piece + buffer_slots : end;
+        const CachedChunk<T, VEC> part(rs, piece, piece_end);
+        const auto partial = part.fetch_partial();
+        part.copy_whole(part.first_whole_of_thread(), part.whole_end(), cache);
+        part.place_partial(partial, cache);
+        async_copy_wait_all();
+        store_from_cache(rs, piece, piece_end, cache, f);  // a thread reads back only the slots it copied
+      }
+      return;
+    }
+#endif
+    ForwardSplit<T, OP>::template finish_chunk<VEC>(rs, begin, end, f);
   }
 };
 
@@ -2296,6 +2338,28 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
         ps::ForwardSplit<T, ps::kSoftmax>{x, (T*)0, xs, 0, false}, partials, rows, cols, chunk_slots, chunks); \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_split_partials_##DT##_w##W##_v##V)
+
+#define PS_SPLIT_BUFFERED_ENTRY(DT, T, OPN, OP, W, V)                                                \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_normalize_buffered_##DT##_##OPN##_w##W##_v##V(      \
+      const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
+      ps::i64 ys, ps::i64 chunk_slots, ps::i64 chunks, int safe, ps::i64 buffer_slots) {            \
+    PS_DYNAMIC_SHARED_BYTES(ps_buffer);                                                              \
+    ps::split_second_pass<ps::ForwardSplitBuffered<T, OP>, W, V>(                                    \
+        ps::ForwardSplitBuffered<T, OP>{{x, y, xs, ys, safe != 0}, ps_buffer, buffer_slots}, partials, rows, cols, \
+        chunk_slots, chunks);                                                                        \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_normalize_buffered_##DT##_##OPN##_w##W##_v##V)
+
+#define PS_PARTIALS_BUFFERED_ENTRY(DT, T, W, V)                                                      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_split_partials_buffered_##DT##_w##W##_v##V(               \
+      const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs,            \
+      ps::i64 chunk_slots, ps::i64 chunks, ps::i64 buffer_slots) {                                   \
+    PS_DYNAMIC_SHARED_BYTES(ps_buffer);                                                              \
+    ps::split_first_pass<ps::ForwardSplitBuffered<T, ps::kSoftmax>, W, V>(                           \
+        ps::ForwardSplitBuffered<T, ps::kSoftmax>{{x, (T*)0, xs, 0, false}, ps_buffer, buffer_slots}, partials, rows, \
+        cols, chunk_slots, chunks);                                                                  \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_split_partials_buffered_##DT##_w##W##_v##V)
 
 #define PS_STRIDED_ENTRY(DT, T, OPN, OP)                                                             \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_##DT##_##OPN(                                      \

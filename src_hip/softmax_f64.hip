@@ -72,6 +72,10 @@ PS_WARP_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 32, 32, 8, 2)
 PS_BLOCK_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 32, 2)
 PS_SPLIT_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 32, 2)
 PS_CACHED_ENTRY(f64, double, log_softmax, ps::kLogSoftmax, 32, 2)
+#if PS_ASYNC_COPY_TIERS  // asynchronous copies: NVIDIA and the emulation, never AMD
+PS_PARTIALS_BUFFERED_ENTRY(f64, double, 32, 1)
+PS_PARTIALS_BUFFERED_ENTRY(f64, double, 32, 2)
+#endif
 #if PS_WAVE64  // wave64 variants: AMD CDNA and the emulation, never NVIDIA
 PS_PARTIALS_ENTRY(f64, double, 64, 1)
 PS_WARP_ENTRY(f64, double, softmax, ps::kSoftmax, 64, 1, 1, 1)

@@ -990,3 +990,43 @@ def test_a_32_lane_assumption_fails_at_warp_64_only(tmp_path, rng, mutation):
     assert not wrong[32], f"mutation {mutation!r} should be harmless at warp 32, yet broke {wrong[32]}"
     assert wrong[64], f"mutation {mutation!r} went unnoticed at warp 64"
     print(f"mutation {mutation!r} caught at warp 64 on: {wrong[64]}")
+
+
+@pytest.mark.parametrize("copies", ["sync", "async"])
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_two_pass_split_through_a_buffer_in_shared_memory(request, async_planner, monkeypatch, rng,
+                                                                      dtype, copies):
+    """The two-pass split through a buffer in shared memory smaller than its chunks (the
+    split_partials_buffered and split_normalize_buffered kernels), at warp 32, with and without
+    asynchronous copies: chunks of several pieces of the buffer and a short last one, rows of one
+    chunk and of several, starting on a vector and one element into it (a partial head slot), input
+    and output a different element off (scalar slots: 16-bit ones, too narrow to copy
+    asynchronously, take the streaming passes)."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    runtime = EmulatedRuntime(library, 32)
+    device = runtime.profile(0)
+    itemsize = V.DTYPES[dtype][2]
+    vec = 16 // itemsize
+    cache_slots = 3 * 64  # three slots a thread of two warps
+    tune_defaults(monkeypatch, split_buffer_bytes=cache_slots * 16)
+    tune_defaults(monkeypatch, split_buffer_threads=64)
+    plan.cache_clear()
+    pieces_seen, chunks_seen = set(), set()
+    for rows, cols in ((5, 2 * cache_slots * vec + 3), (2, 5000 * vec + 1), (3, 200)):
+        x = _inputs(rng, (rows, cols), dtype)
+        for x_offset, y_offset in ((0, 0), (1, 1), (1, 0)):
+            for op, safe in OP_CASES:
+                problem = RowProblem(dtype, op, rows, cols, safe=safe, x_misalign=x_offset, y_misalign=y_offset)
+                the_plan = planner.plan_split_passes(problem, device)
+                notes = the_plan.notes
+                slot_bytes = notes["vec"] * itemsize
+                for launch, buffers in zip(the_plan.launches, (True, itemsize in V.SPLIT_BUFFERED_NORMALIZE_ITEMSIZES)):
+                    assert ("_buffered_" in launch.kernel) == (buffers and slot_bytes >= 4), (launch, slot_bytes)
+                    if "_buffered_" in launch.kernel:
+                        assert launch.block == 64 and launch.shared_mem == launch.args[-1][1] * slot_bytes, launch
+                        pieces_seen.add(-(-notes["chunk_slots"] // launch.args[-1][1]))
+                chunks_seen.add(notes["chunks"])
+                got = runtime.run_plan(x, the_plan, x_offset=x_offset, y_offset=y_offset)
+                assert_close(got, x, 1, op, safe, f"{dtype} {op} safe={safe} {x.shape} offsets {x_offset}, "
+                             f"{y_offset} {the_plan.launches} {notes}")
+    assert max(pieces_seen) > 2 and 1 in pieces_seen and max(chunks_seen) > 1, (pieces_seen, chunks_seen)

@@ -1114,7 +1114,11 @@ def test_few_staged_tiles_cut_smaller(device):
 #: the device profiles whose plans the builds must cover: NVIDIA (sm_90), AMD CDNA (warp 64), AMD RDNA (warp 32)
 H200 = DeviceProfile("NVIDIA H200", "nvidia", "sm_90", 32, 132, 1024, 48 * 1024, 227 * 1024,
                      shared_mem_per_multiprocessor=228 * 1024)
-BUILT_PROFILES = {"cuda": (PROFILES["h100"], H200), "hip": (PROFILES["mi300x"], PROFILES["rdna3"])}
+#: NVIDIA before sm_80 (no asynchronous copies), which CUDA builds serve too: the streaming forms of
+#: the tiers that sm_80 and newer fill with asynchronous copies are planned there
+T4 = DeviceProfile("NVIDIA T4", "nvidia", "sm_75", 32, 40, 1024, 48 * 1024, 64 * 1024,
+                   max_threads_per_multiprocessor=1024, shared_mem_per_multiprocessor=64 * 1024)
+BUILT_PROFILES = {"cuda": (PROFILES["h100"], H200, T4), "hip": (PROFILES["mi300x"], PROFILES["rdna3"])}
 #: row lengths whose plans reach every tier and variant: every length up to 150, then lengths on both
 #: sides of the tiers' limits
 WITNESS_COLS = (*range(1, 150), 160, 192, 200, 255, 256, 257, 300, 384, 400, 513, 777, 1000, 1025, 2048, 2049, 4096,
