@@ -13,7 +13,8 @@ forward + backward for each method. Times are the median of the iterations, the 
 b bytes, 2 (world - 1) / world b; an all_gather of b bytes a rank, (world - 1) b (the 128-byte
 header a rank adds to the gather once a call is left out).
 
-"local % of copy" times the local computation of this package's path alone (no collective), with
+"local % of copy" times the local computation of this package's path alone (no collective), a call
+from an idle device (as the methods are timed) and calls queued back to back, with
 the local math the call uses (KernelMath: the package's kernels on a GPU) and with torch
 operations (TorchMath), as the bandwidth of the bytes it must move over the bandwidth of a
 device-to-device copy of x. The forward must read x twice (the (m, d) pairs before the collective,
@@ -114,7 +115,30 @@ def _timer(torch, dist, device):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
-    return time_ms
+    def back_to_back_ms(fn, iters: int) -> float:
+        """Milliseconds a call of fn() over iters calls queued back to back (the host's work for a
+        call overlapping the device's for the one before), the slowest rank's."""
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        started = time.perf_counter()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        for _ in range(iters):
+            fn()
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / iters
+        else:
+            ms = 1e3 * (time.perf_counter() - started) / iters
+        t = torch.tensor([ms], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    return time_ms, back_to_back_ms
 
 
 def sample_rows(rows: int, count: int) -> list[int]:
@@ -259,7 +283,7 @@ def _bench(args, torch, dist) -> int:
     torch_op = torch.softmax if op == "softmax" else torch.log_softmax
     two = _two_all_reduces(torch, dist, op)
     mesh = init_device_mesh(device.type, (world,))
-    time_ms = _timer(torch, dist, device)
+    time_ms, back_to_back_ms = _timer(torch, dist, device)
     say = print if rank == 0 else (lambda *a, **k: None)
     itemsize = x.element_size()
     compute = 8 if dtype == torch.float64 else 4
@@ -325,7 +349,8 @@ def _bench(args, torch, dist) -> int:
         def backward():
             return math.grad_finish(dy, y, math.grad_dot(dy, y, op, 1), op, 1)
 
-        return time_ms(forward, args.iters, args.warmup), time_ms(backward, args.iters, args.warmup)
+        return (time_ms(forward, args.iters, args.warmup), time_ms(backward, args.iters, args.warmup),
+                back_to_back_ms(forward, args.iters), back_to_back_ms(backward, args.iters))
 
     started = time.perf_counter()
     y = torch.empty_like(x)
@@ -352,11 +377,11 @@ def _bench(args, torch, dist) -> int:
     def share(passes: int, t: float) -> str:  # the bandwidth of `passes` tensor-sized reads/writes in t
         return f"{100 * passes * nbytes / t / copy_bw:.0f}%" if t > 0 else "n/a"
 
-    for name, t_fwd, t_bwd in local_rows:
+    for name, t_fwd, t_bwd, b_fwd, b_bwd in local_rows:
         say(f"local forward ({name}: partials + merge + finish): {t_fwd:.3f} ms, {share(3, t_fwd)} of copy "
-            f"(x read twice, y written)")
+            f"(x read twice, y written); {b_fwd:.3f} ms, {share(3, b_fwd)} back to back")
         say(f"local backward ({name}: grad_dot + grad_finish): {t_bwd:.3f} ms, {share(5, t_bwd)} of copy "
-            f"(dy and y read twice, dx written)")
+            f"(dy and y read twice, dx written); {b_bwd:.3f} ms, {share(5, b_bwd)} back to back")
     say(f"(methods {methods_s:.1f} s, local steps {local_s:.1f} s, whole run {time.perf_counter() - began:.1f} s)")
     return 0 if passed else 1
 
