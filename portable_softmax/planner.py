@@ -413,9 +413,12 @@ class Tuning:
     #: with asynchronous copies, the two-pass split's first pass takes its chunks through a buffer
     #: of split_buffer_bytes in shared memory (a thread's whole share of it in flight at once), in
     #: blocks of split_buffer_threads, and so does its second pass for 16-bit values (streamed,
-    #: their 8-wide slots keep two in flight a thread); 0: both passes stream
+    #: their 8-wide slots keep two in flight a thread); 0: both passes stream. The buffer takes at
+    #: most a split_buffer_blocks_per_sm-th of a multiprocessor's shared memory (less 2 KiB a block
+    #: for its static arrays and the runtime's reserve), so that as many blocks share one
     split_buffer_bytes: int = 0
     split_buffer_threads: int = 256
+    split_buffer_blocks_per_sm: int = 3
     #: chunks start on multiples of this many bytes from the row's first aligned slot, so that no
     #: warp access of a chunk spans a cache line more than it fills
     chunk_align_bytes: int = 256
@@ -1293,7 +1296,8 @@ def _two_pass_split(r: _Rows) -> Draft:
                    (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p)))
     slot_bytes = vec * r.itemsize
     if t.split_buffer_bytes and has_async_copy(device) and slot_bytes >= 4:
-        buffer_slots = min(chunk_slots, t.split_buffer_bytes // slot_bytes)
+        budget = min(t.split_buffer_bytes, device.shared_mem_per_multiprocessor // t.split_buffer_blocks_per_sm - 2048)
+        buffer_slots = max(1, min(chunk_slots, budget // slot_bytes))
         buffer = (I64, buffer_slots)
         partials = Step(Kernel("split_partials_buffered", (p.dtype, r.warp, vec)), grid, t.split_buffer_threads,
                         buffer_slots * slot_bytes, (*first_args, buffer))

@@ -1012,7 +1012,7 @@ def test_two_pass_split_through_a_buffer_in_shared_memory(request, async_planner
     tune_defaults(monkeypatch, split_buffer_threads=64)
     plan.cache_clear()
     pieces_seen, chunks_seen = set(), set()
-    for rows, cols in ((5, 2 * cache_slots * vec + 3), (2, 5000 * vec + 1), (3, 200)):
+    for rows, cols in ((7, 2 * cache_slots * vec + 3), (2, 5000 * vec + 1), (3, 200)):
         x = _inputs(rng, (rows, cols), dtype)
         for x_offset, y_offset in ((0, 0), (1, 1), (1, 0)):
             for op, safe in OP_CASES:

@@ -1223,3 +1223,32 @@ def test_the_rules_are_a_table_whose_every_rule_plans_some_problem():
             taken["strided " + planner.rule_for(problem, device).name] += 1
     every = {rule.name for rule in planner.ROW_RULES} | {"strided " + rule.name for rule in planner.STRIDED_RULES}
     assert set(taken) == every, f"never the first to take a problem: {sorted(every - set(taken))}"
+
+
+#: an NVIDIA part with asynchronous copies and 100 KiB of shared memory a multiprocessor (sm_86/sm_89)
+ADA = DeviceProfile("NVIDIA GeForce RTX 4090", "nvidia", "sm_89", 32, 128, 1024, 48 * 1024, 99 * 1024,
+                    max_threads_per_multiprocessor=1536, shared_mem_per_multiprocessor=100 * 1024)
+
+
+@pytest.mark.parametrize("device", [PROFILES["h100"], H200, ADA, T4, PROFILES["mi300x"]], ids=lambda d: d.arch)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_two_pass_split_buffers_its_chunks_where_copies_are_asynchronous(device, dtype):
+    """Where copies are asynchronous the split's first pass (and a 16-bit second pass) takes its
+    chunks through a buffer in shared memory that three blocks of a multiprocessor hold, its launch's
+    shared memory the buffer's slots; scalar 16-bit slots (too narrow to copy) and devices without
+    such copies stream both passes."""
+    itemsize = V.DTYPES[dtype][2]
+    for rows, cols, misalign in ((8192, 64128, 0), (1, 10**8, 0), (300, 40003, 1), (2, 5 * 10**7, 0)):
+        problem = RowProblem(dtype, "softmax", rows, cols, x_misalign=misalign, y_misalign=0)
+        p = planner.plan_split_passes(problem, device)
+        slot_bytes = p.notes["vec"] * itemsize
+        buffered = planner.has_async_copy(device) and slot_bytes >= 4
+        wanted = (buffered, buffered and itemsize in V.SPLIT_BUFFERED_NORMALIZE_ITEMSIZES)
+        for launch, buffers in zip(p.launches, wanted):
+            assert ("_buffered_" in launch.kernel) == buffers, (launch.kernel, p.notes)
+            if buffers:
+                slots = launch.args[-1][1]
+                assert launch.shared_mem == slots * slot_bytes <= device.shared_mem_per_multiprocessor // 3, launch
+                assert slots <= p.notes["chunk_slots"], (slots, p.notes)
+            else:
+                assert launch.shared_mem == 0, launch
