@@ -1358,7 +1358,10 @@ def plan_split_passes(problem: RowProblem, device: DeviceProfile, tuning: Tuning
 
     >>> p = plan_split_passes(RowProblem("bfloat16", "softmax", rows=2, cols=5_000_000), DeviceProfile.h100())
     >>> [launch.kernel for launch in p.launches], p.notes["chunks"] > 100
-    (['ps_split_partials_bf16_w32_v8', 'ps_split_normalize_bf16_softmax_w32_v8'], True)
+    (['ps_split_partials_buffered_bf16_w32_v8', 'ps_split_normalize_buffered_bf16_softmax_w32_v8'], True)
+    >>> amd = plan_split_passes(RowProblem("bfloat16", "softmax", rows=2, cols=5_000_000), DeviceProfile.mi300x())
+    >>> [launch.kernel for launch in amd.launches]  # no asynchronous copies: both passes stream
+    ['ps_split_partials_bf16_w64_v8', 'ps_split_normalize_bf16_softmax_w64_v8']
     """
     _check_common(problem.dtype, problem.op, device)
     t = default_tuning(device) if tuning is None else tuning
