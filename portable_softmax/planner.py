@@ -1295,20 +1295,20 @@ def _two_pass_split(r: _Rows) -> Draft:
     second_args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
                    (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p)))
     slot_bytes = vec * r.itemsize
-    if t.split_buffer_bytes and has_async_copy(device) and slot_bytes >= 4:
+    buffered = bool(t.split_buffer_bytes) and has_async_copy(device) and slot_bytes >= 4
+    if buffered:
         budget = min(t.split_buffer_bytes, device.shared_mem_per_multiprocessor // t.split_buffer_blocks_per_sm - 2048)
         buffer_slots = max(1, min(chunk_slots, budget // slot_bytes))
-        buffer = (I64, buffer_slots)
-        partials = Step(Kernel("split_partials_buffered", (p.dtype, r.warp, vec)), grid, t.split_buffer_threads,
-                        buffer_slots * slot_bytes, (*first_args, buffer))
-        if r.itemsize in V.SPLIT_BUFFERED_NORMALIZE_ITEMSIZES:
-            normalize = Step(Kernel("split_normalize_buffered", (p.dtype, p.op, r.warp, vec)), grid,
-                             t.split_buffer_threads, buffer_slots * slot_bytes, (*second_args, buffer))
-        else:
-            normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0, second_args)
-    else:
-        partials = Step(Kernel("split_partials", (p.dtype, r.warp, vec)), grid, threads, 0, first_args)
-        normalize = Step(Kernel("split_normalize", (p.dtype, p.op, r.warp, vec)), grid, threads, 0, second_args)
+
+    def step(family: str, params: tuple, args: tuple, through_buffer: bool) -> Step:
+        if through_buffer:
+            return Step(Kernel(f"{family}_buffered", params), grid, t.split_buffer_threads,
+                        buffer_slots * slot_bytes, (*args, (I64, buffer_slots)))
+        return Step(Kernel(family, params), grid, threads, 0, args)
+
+    partials = step("split_partials", (p.dtype, r.warp, vec), first_args, buffered)
+    normalize = step("split_normalize", (p.dtype, p.op, r.warp, vec), second_args,
+                     buffered and r.itemsize in V.SPLIT_BUFFERED_NORMALIZE_ITEMSIZES)
     return Draft("split", (partials, normalize), scratch=(("partials", 2 * jobs * r.compute_bytes),),
                  notes={**r.notes(), "chunks": chunks, "chunk_slots": chunk_slots}, scratch_zeroed=False)
 

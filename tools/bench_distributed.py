@@ -111,9 +111,7 @@ def _timer(torch, dist, device):
         for _ in range(iters):
             dist.barrier()
             times.append(elapsed_ms(fn))
-        t = torch.tensor([statistics.median(times)], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
+        return slowest(statistics.median(times))
 
     def back_to_back_ms(fn, iters: int) -> float:
         """Milliseconds a call of fn() over iters calls queued back to back (the host's work for a
@@ -122,18 +120,9 @@ def _timer(torch, dist, device):
         if device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
-        started = time.perf_counter()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for _ in range(iters):
-            fn()
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / iters
-        else:
-            ms = 1e3 * (time.perf_counter() - started) / iters
+        return slowest(elapsed_ms(lambda: [fn() for _ in range(iters)]) / iters)
+
+    def slowest(ms: float) -> float:
         t = torch.tensor([ms], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
