@@ -290,10 +290,11 @@ def packed_name(dtype: str, op: str, cols: int) -> str:
 
 #: the tiers that fill shared memory with asynchronous copies (cp.async), which only NVIDIA sm_80 and
 #: newer have (planner.has_async_copy): built for NVIDIA and the emulation, never for AMD, and never
-#: at warp 64
+#: at warp 64. The gradient's on-chip strided tier is one: a tile of its two inputs takes the
+#: shared memory of those parts (an AMD CU's 64 KiB holds too few rows of a vector tile).
 ASYNC_COPY_MACROS = ("PS_STAGED_GROUP_ENTRY", "PS_STAGED_WARP_ENTRY", "PS_BLOCK_REGISTERS_ENTRY",
                      "PS_CACHED_REGISTERS_ENTRY", "PS_PARTIALS_BUFFERED_ENTRY",
-                     "PS_SPLIT_BUFFERED_ENTRY")
+                     "PS_SPLIT_BUFFERED_ENTRY", "PS_GRAD_STRIDED_CACHED_ENTRY")
 
 
 @dataclass(frozen=True)
@@ -507,11 +508,26 @@ def grad_strided_thread_name(dtype: str, op: str, vec: int, lines: int) -> str:
     return f"ps_bwd_strided_thread_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
+#: element sizes whose gradient takes the on-chip strided tier: 16-bit axes read their dy and y once
+#: at 50-72% of the copy where column groups reading them twice took 18-27; float32 and float64
+#: axes run faster in column groups (54-60% beside 41-56)
+GRAD_STRIDED_CACHED_ITEMSIZES = (2,)
+
+
+def grad_strided_cached_name(dtype: str, op: str, vec: int) -> str:
+    """The gradient of a non-last axis on co-resident blocks that cache their chunks of dy and y: the
+    forward's strided_cached with the gradient's op."""
+    return f"ps_bwd_strided_cached_{DTYPES[dtype][0]}_{op}_v{vec}"
+
+
 def grad_warp_free_entries(dtype: str) -> list[Entry]:
     tag, ctype, _ = DTYPES[dtype]
     out = []
     for op, enum in OPS.items():
         out.append(Entry(grad_strided_name(dtype, op), "PS_GRAD_STRIDED_ENTRY", (tag, ctype, op, enum)))
+        out += [Entry(grad_strided_cached_name(dtype, op, vec), "PS_GRAD_STRIDED_CACHED_ENTRY",
+                      (tag, ctype, op, enum, vec)) for vec in strided_vector_widths(dtype)
+                if DTYPES[dtype][2] in GRAD_STRIDED_CACHED_ITEMSIZES]
         out += [Entry(grad_strided_thread_name(dtype, op, vec, lines), "PS_GRAD_STRIDED_THREAD_ENTRY",
                       (tag, ctype, op, enum, vec, lines)) for vec, lines in strided_thread_variants(dtype)]
     return out
@@ -540,8 +556,8 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
 
 def backward_catalogue(dtype: str, backend: str) -> set[str]:
     """Every gradient kernel of one dtype that a backend's build carries (as catalogue())."""
-    warps, _ = BACKENDS[backend]
-    names = {e.name for e in grad_warp_free_entries(dtype)}
+    warps, async_copy = BACKENDS[backend]
+    names = {e.name for e in grad_warp_free_entries(dtype) if async_copy or not e.async_copy}
     for warp in warps:
         names.update(e.name for e in grad_warp_entries(dtype, warp))
         names.update(grad_finish_name(dtype, op, warp, vec) for op in OPS for vec in vector_widths(dtype))
@@ -576,7 +592,7 @@ def render_source(dtype: str) -> str:
     out += _guarded(warp_entries(dtype, 64))
     out.append("#endif")
     out.append("// gradients")
-    out += [e.line for e in grad_warp_free_entries(dtype) + grad_warp_entries(dtype, 32)]
+    out += _guarded(grad_warp_free_entries(dtype) + grad_warp_entries(dtype, 32))
     out.append("#if PS_WAVE64")
     out += [e.line for e in grad_warp_entries(dtype, 64)]
     out.append("#endif")

@@ -1474,38 +1474,70 @@ def _plan_strided_thread(t: Tuning, p: StridedProblem, device: DeviceProfile) ->
     return Draft("strided_thread", (launch,), notes={"vec": vec, "lines": lines_a_thread})
 
 
-def _plan_strided_cached(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft | None:
-    """The on-chip form of the strided tier (strided_cached), or None where it does not fit."""
-    itemsize = V.DTYPES[p.dtype][2]
-    compute_bytes = _compute_bytes(p.dtype)
-    vec = strided_vec(t, p)
+@dataclass(frozen=True)
+class StridedTiles:
+    """The on-chip strided tier's shape (strided_cached): tiles of ``width`` inner positions, each
+    split into ``chunks`` chunks of ``chunk_cols`` rows that co-resident blocks cache, ``grid``
+    blocks of ``threads`` with ``shared`` bytes of cache each."""
+
+    inner_tile: int
+    width: int
+    chunk_cols: int
+    chunks: int
+    tiles: int
+    threads: int
+    shared: int
+    grid: int
+
+
+def strided_tiles(t: Tuning, device: DeviceProfile, dtype: str, outer: int, cols: int, inner: int, vec: int,
+                  inputs: int = 1, partial_bytes: int | None = None) -> StridedTiles | None:
+    """The shape of strided_cached for an (outer, cols, inner) view whose positions take ``vec``
+    inner positions a thread and hold ``inputs`` arrays in the cache (the forward's x; a gradient's
+    dy and y), with a thread's partials in ``partial_bytes`` of shared memory a position (the
+    forward's (m, d): two of the compute type),
+    or None where the axis is short enough for one block or too long for the chip."""
+    itemsize = V.DTYPES[dtype][2]
+    partial_bytes = 2 * _compute_bytes(dtype) if partial_bytes is None else partial_bytes
     # Threads along inner: a tile row of t.strided_row_bytes (whole cache lines, and no wider, so
     # that a chunk of a tile holds many rows and a tile few chunks, whose partials every chunk reads).
-    inner_tile = min(device.warp_size, 1 << (ceil(p.inner / vec) - 1).bit_length(),
+    inner_tile = min(device.warp_size, 1 << (ceil(inner / vec) - 1).bit_length(),
                      max(1, t.strided_row_bytes // (vec * itemsize)))
     width = inner_tile * vec  # inner positions of a tile
+    row_bytes = width * itemsize * inputs  # a row of a tile in the cache
     threads = t.strided_cached_threads
-    if width * p.cols * itemsize < t.strided_cached_min_tile * device.shared_mem_per_block or (
+    # The axes it takes are those of one input, whatever the cache holds: a gradient's axis takes the
+    # regime of its forward's.
+    if width * itemsize * cols < t.strided_cached_min_tile * device.shared_mem_per_block or (
             threads > device.max_threads_per_block or threads % inner_tile):
         return None
-    static_bytes = 2 * threads * vec * compute_bytes + 1024  # the (m, d) scratch, the runtime's share
+    static_bytes = threads * vec * partial_bytes + 1024  # the partials' scratch, the runtime's share
     chunk_budget = min(device.shared_mem_per_block_optin,
                        device.shared_mem_per_multiprocessor // t.strided_chunks_per_sm) - static_bytes
-    chunk_cols = chunk_budget // (width * itemsize)
+    chunk_cols = chunk_budget // row_bytes
     if chunk_cols < threads // inner_tile:
         return None
-    chunks = ceil(p.cols / chunk_cols)
+    chunks = ceil(cols / chunk_cols)
     if chunks > device.multiprocessors:
         return None
-    chunk_cols = ceil(p.cols / chunks)
-    chunks = ceil(p.cols / chunk_cols)
-    shared = chunk_cols * width * itemsize
-    tiles = p.outer * ceil(p.inner / width)
+    chunk_cols = ceil(cols / chunks)
+    chunks = ceil(cols / chunk_cols)
+    shared = chunk_cols * row_bytes
+    tiles = outer * ceil(inner / width)
     grid = _cooperative_grid(device, threads, shared + static_bytes, tiles, chunks)
+    return StridedTiles(inner_tile, width, chunk_cols, chunks, tiles, threads, shared, grid)
+
+
+def _plan_strided_cached(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft | None:
+    """The on-chip form of the strided tier (strided_cached), or None where it does not fit."""
+    vec = strided_vec(t, p)
+    s = strided_tiles(t, device, p.dtype, p.outer, p.cols, p.inner, vec)
+    if s is None:
+        return None
     args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), ("ptr", "arrivals"), *_view_args(p),
-            (I32, inner_tile), (I64, chunk_cols), (I64, chunks), (I32, _safe(p)))
-    launch = Step(Kernel("strided_cached", (p.dtype, p.op, vec)), grid, threads, shared, args,
-                  cooperative=True, min_grid=chunks)
-    return Draft("strided_cached", (launch,),
-                 scratch=(("partials", 2 * tiles * chunks * width * compute_bytes), ("arrivals", 4 * tiles)),
-                 notes={"inner_tile": inner_tile, "vec": vec, "chunks": chunks, "chunk_cols": chunk_cols})
+            (I32, s.inner_tile), (I64, s.chunk_cols), (I64, s.chunks), (I32, _safe(p)))
+    launch = Step(Kernel("strided_cached", (p.dtype, p.op, vec)), s.grid, s.threads, s.shared, args,
+                  cooperative=True, min_grid=s.chunks)
+    partials = s.tiles * s.chunks * s.width * 2 * _compute_bytes(p.dtype)  # an (m, d) a chunk a position
+    return Draft("strided_cached", (launch,), scratch=(("partials", partials), ("arrivals", 4 * s.tiles)),
+                 notes={"inner_tile": s.inner_tile, "vec": vec, "chunks": s.chunks, "chunk_cols": s.chunk_cols})

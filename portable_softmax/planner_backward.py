@@ -19,6 +19,7 @@ from math import ceil
 from typing import Any
 
 from . import _variants as V
+from . import planner as _planner
 from .planner import (
     I32,
     I64,
@@ -28,8 +29,10 @@ from .planner import (
     Plan,
     PlanError,
     _work_grid,
+    default_tuning,
     grid_for,
     strided_thread_lines,
+    strided_tiles,
     widest_aligned,
 )
 
@@ -322,10 +325,44 @@ def _strided_groups(t: GradTuning, p: GradStridedProblem, device: DeviceProfile,
     return Plan("strided", (launch,), notes={"inner_tile": inner_tile}, scratch_zeroed=False)
 
 
+def _cached_tiles(p: GradStridedProblem, device: DeviceProfile) -> tuple[int, Any] | None:
+    """(vec, planner.StridedTiles) of the on-chip strided tier over dy and y, with the forward's
+    numbers for the device (planner.default_tuning), or None where it does not fit, the device
+    copies synchronously (V.ASYNC_COPY_MACROS) or the elements are not of
+    V.GRAD_STRIDED_CACHED_ITEMSIZES."""
+    itemsize = V.DTYPES[p.dtype][2]
+    # has_async_copy is looked up when called: the emulation's tests patch it
+    if not _planner.has_async_copy(device) or itemsize not in V.GRAD_STRIDED_CACHED_ITEMSIZES:
+        return None
+    t = default_tuning(device)
+    vec = 1
+    if itemsize in t.strided_vector_itemsizes:
+        vec = widest_aligned(V.strided_vector_widths(p.dtype), p.outer, p.inner,
+                             (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
+    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    tiles = strided_tiles(t, device, p.dtype, p.outer, p.cols, p.inner, vec, inputs=2,
+                          partial_bytes=8 + compute_bytes)  # a GradSum: the double sum and the top of y
+    return None if tiles is None else (vec, tiles)
+
+
+def _strided_cached(t: GradTuning, p: GradStridedProblem, device: DeviceProfile, s: _Lines) -> Plan:
+    vec, c = _cached_tiles(p, device)
+    launch = Launch(V.grad_strided_cached_name(p.dtype, p.op, vec), c.grid, c.threads, c.shared,
+                    ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (PTR, "arrivals"), *_view_args(p)[3:],
+                     (I32, c.inner_tile), (I64, c.chunk_cols), (I64, c.chunks), (I32, int(p.safe))),
+                    cooperative=True, min_grid=c.chunks)
+    scratch = (("sums", c.tiles * c.chunks * c.width * 16), ("arrivals", 4 * c.tiles))  # a GradSum: two doubles
+    return Plan("strided_cached", (launch,), scratch,
+                notes={"inner_tile": c.inner_tile, "vec": vec, "chunks": c.chunks, "chunk_cols": c.chunk_cols})
+
+
 #: The planner for a strided (non-last) axis, in order: the first rule that takes a problem builds its plan.
 STRIDED_RULES: tuple[Rule, ...] = (
     Rule("empty", "no lines, or lines of no elements: nothing to launch",
          lambda t, p, d, s: p.outer * p.inner <= 0 or p.cols <= 0, lambda t, p, d, s: Plan("empty", ())),
+    Rule("a strided axis, on chip", "axes whose tiles of dy and y fill a block's shared memory: chunks on "
+         "co-resident blocks, dy and y read once (the forward's strided_cached)",
+         lambda t, p, d, s: _cached_tiles(p, d) is not None, _strided_cached),
     Rule("a short strided axis", "up to strided_thread_short_cols rows: a thread per 16 bytes of inner positions "
          "down the whole axis, no barrier (column groups would idle, and meet every few values)",
          lambda t, p, d, s: p.cols <= t.strided_thread_short_cols, _strided_thread),

@@ -1854,14 +1854,14 @@ PS_DEVICE int merge_slices_of(int rows, int width) {
   const int threads_a_position = PS_BLOCK_DIM_X / width;
   return threads_a_position < rows ? (threads_a_position > 1 ? threads_a_position : 1) : rows;
 }
-template <typename C>
-PS_DEVICE void merge_rows_in_slices(C* part_m, C* part_d, int rows, int width, int slices) {
+template <typename P, typename F = PartialFields<P>>
+PS_DEVICE void merge_rows_in_slices(typename F::First* first, typename F::Second* second, int rows, int width,
+                                    int slices) {
   for (int t = PS_THREAD_X; t < slices * width; t += PS_BLOCK_DIM_X) {
     const int q = t % width, s = t / width;  // neighbouring lanes, neighbouring positions: no bank conflict
-    MD<C> md = md_identity<C>();
-    for (int r = s; r < rows; r += slices) md = md_combine(md, MD<C>{part_m[r * width + q], part_d[r * width + q]});
-    part_m[s * width + q] = md.m;
-    part_d[s * width + q] = md.d;
+    P part = F::identity();
+    for (int r = s; r < rows; r += slices) part = F::combine(part, F::get(first, second, r * width + q));
+    F::put(first, second, s * width + q, part);
   }
 }
 
@@ -2037,6 +2037,8 @@ PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int 
 // The forward op of the strided axis (strided_axis and strided_thread): one input, (m, d) partials.
 template <typename T, int OP> struct ForwardStrided {
   typedef typename compute_of<T>::type C;
+  typedef T Element;
+  typedef PublishedPairs<C> Published;
   typedef C Value;
   typedef OnlineSum<C> Accumulator;
   typedef MD<C> Partial;
@@ -2068,6 +2070,21 @@ template <typename T, int OP> struct ForwardStrided {
     for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(held.v[j])));
     *reinterpret_cast<Vec<T, VEC>*>(l.y + c * ys_col) = out;
   }
+  // strided_cached: a tile's rows through shared memory
+  PS_DEVICE i64 output_col() const { return ys_col; }
+  PS_DEVICE const T* inputs(i64 o, i64 i) const { return x + o * xs_outer + i * xs_inner; }
+  PS_DEVICE const T* advance(const T* at, i64 rows) const { return at + rows * xs_col; }
+  template <int VEC> PS_DEVICE void store_held(T* out_at, const Finish (&f)[VEC], const Vec<T, VEC>& raw) const {
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(raw.v[j])));
+    *reinterpret_cast<Vec<T, VEC>*>(out_at) = out;
+  }
+#if PS_ASYNC_COPY
+  template <int VEC> PS_DEVICE static void prefetch(Vec<T, VEC>* at, const T* from) {
+    async_copy<sizeof(Vec<T, VEC>)>(at, from);
+  }
+#endif
 };
 
 // ---- a strided axis, on chip: chunks of the axis on co-resident blocks -------------------
@@ -2080,14 +2097,25 @@ template <typename T, int OP> struct ForwardStrided {
 // The chunks' pairs meet in PublishedPairs, as in split_cached (or polled pair by pair).
 const int kStridedCachedThreads = 256;  // the launch's block size, which sizes the (m, d) scratch
 
-template <typename T, int OP, int VEC>
-PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* partials, unsigned* arrivals,
-                              i64 outer, i64 cols, i64 inner, i64 xs_outer, i64 xs_col, i64 xs_inner,
-                              i64 ys_outer, i64 ys_col, i64 ys_inner, int inner_tile, i64 chunk_cols,
-                              i64 chunks, int safe, Vec<T, VEC>* cache) {
-  typedef typename compute_of<T>::type C;
-  PS_SHARED C part_m[kStridedCachedThreads * VEC];  // (m, d) of each thread's positions
-  PS_SHARED C part_d[kStridedCachedThreads * VEC];
+// The op policy Op is the strided_thread one (Held<VEC>, line, load_vector, absent_vector, value,
+// add, partial, Finish), and also says where a tile's outputs go and how its next tile's inputs are
+// copied to the cache:
+//   Op::Element                        the arrays' element type
+//   Op::Published                      the partials as the chunks publish them to each other
+//   op.output(o, i), op.output_col()   a position's output column and its stride along the axis
+//   op.inputs(o, i), op.advance(at, k) a position's input column(s), k rows further
+//   op.prefetch<VEC>(held, inputs)     a row of the inputs to the cache by asynchronous copies
+//   op.store_held<VEC>(out, finish, held)   a row's outputs
+template <typename Op, int VEC>
+PS_DEVICE void strided_cached(const Op& op, typename Op::Published published, unsigned* arrivals, i64 outer,
+                              i64 cols, i64 inner, int inner_tile, i64 chunk_cols, i64 chunks, int safe,
+                              typename Op::template Held<VEC>* cache) {
+  typedef typename Op::Element T;
+  typedef typename Op::Partial P;
+  typedef PartialFields<P> F;
+  typedef typename Op::template Held<VEC> Held;
+  PS_SHARED typename F::First part_m[kStridedCachedThreads * VEC];  // the partial of each thread's positions
+  PS_SHARED typename F::Second part_d[kStridedCachedThreads * VEC];
   const int kDepth = VEC == 1 ? 8 : 4;  // rows in flight per thread before their use: 8 values or 4 vectors
   const int tx = PS_THREAD_X % inner_tile;
   const int ty = PS_THREAD_X / inner_tile;
@@ -2104,8 +2132,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
   const int chunk_slices = merge_slices_of((int)chunks, width);  // chunks <= multiprocessors (planner)
   // The variants that refill their cache asynchronously poll each pair as it lands and count no
   // arrivals (their pairs land as the refill goes on); the others wait on the tile's count.
-  const PublishedPairs<C> pairs{partials};
-  constexpr bool poll_pairs = kAsyncSlots<T, VEC> && !PublishedPairs<C>::kCounted;
+  const typename Op::Published pairs = published;
+  constexpr bool poll_pairs = kAsyncSlots<T, VEC> && !Op::Published::kCounted;
   // The first position of this thread in a tile (inner positions past `inner` read as empty).
   auto first_position = [&](i64 t) { return (t % tiles_per_outer) * width + (i64)tx * VEC; };
   // This tile's rows were copied to the cache by the previous tile's stores (only where copies
@@ -2116,18 +2144,18 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     const i64 o = tile / tiles_per_outer;
     const i64 i = first_position(tile);
     const bool active = i < inner;  // all VEC positions or none (inner is a multiple of VEC)
-    const T* xl = x + o * xs_outer + i * xs_inner;
-    OnlineSum<C> acc[VEC];
+    const auto line = op.line(o, i);
+    typename Op::Accumulator acc[VEC];
 #if PS_ASYNC_COPY
     if (from_cache) async_copy_wait_all();
 #endif
-    auto push_rows = [&](const Vec<T, VEC>* raw) {
+    auto push_rows = [&](const Held* raw) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        C v[kDepth];
+        typename Op::Value v[kDepth];
 #pragma unroll
-        for (int u = 0; u < kDepth; ++u) v[u] = to_compute(raw[u].v[j]);
-        acc[j].template push_all<kDepth>(v);
+        for (int u = 0; u < kDepth; ++u) v[u] = Op::template value<VEC>(raw[u], j);
+        Op::template add<kDepth>(acc[j], v);
       }
     };
     const int chunk_rows = (int)(c_end - c_begin);  // the chunk is in shared memory: an int
@@ -2136,28 +2164,28 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       // The rows from the cache alone, in 32-bit indices, tested only in the last round: one
       // loop with the global reads' tests and 64-bit addresses in it took about 26 instructions
       // a float32 value.
-      const Vec<T, VEC>* at = cache + ty * inner_tile + tx;
+      const Held* at = cache + ty * inner_tile + tx;
       int r = ty;
       for (; r + (kDepth - 1) * groups < chunk_rows; r += kDepth * groups, at += kDepth * cache_step) {
-        Vec<T, VEC> raw[kDepth];
+        Held raw[kDepth];
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) raw[u] = at[u * cache_step];
         push_rows(raw);
       }
       if (r < chunk_rows) {
-        Vec<T, VEC> raw[kDepth];
+        Held raw[kDepth];
 #pragma unroll
-        for (int u = 0; u < kDepth; ++u) raw[u] = r + u * groups < chunk_rows ? at[u * cache_step] : neg_inf_vec<T, VEC>();
+        for (int u = 0; u < kDepth; ++u) raw[u] = r + u * groups < chunk_rows ? at[u * cache_step] : Op::template absent_vector<VEC>();
         push_rows(raw);
       }
     } else {
       for (i64 c0 = c_begin + ty; c0 < c_end; c0 += kDepth * groups) {
-        Vec<T, VEC> raw[kDepth];
+        Held raw[kDepth];
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) {
           const i64 c = c0 + u * groups;
-          raw[u] = active && c < c_end ? *reinterpret_cast<const Vec<T, VEC>*>(xl + c * xs_col)
-                                       : neg_inf_vec<T, VEC>();  // past `inner`
+          raw[u] = active && c < c_end ? op.template load_vector<VEC>(line, c)
+                                       : Op::template absent_vector<VEC>();  // past `inner`
         }
 #pragma unroll
         for (int u = 0; u < kDepth; ++u) {
@@ -2167,32 +2195,27 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
         push_rows(raw);
       }
     }
-    // This chunk's (m, d) per inner position: the column groups merge in shared memory.
+    // This chunk's partial per inner position: the column groups merge in shared memory.
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const MD<C> own = acc[j].md();
-      part_m[PS_THREAD_X * VEC + j] = own.m;
-      part_d[PS_THREAD_X * VEC + j] = own.d;
-    }
+    for (int j = 0; j < VEC; ++j) F::put(part_m, part_d, PS_THREAD_X * VEC + j, Op::partial(acc[j]));
     PS_SYNC();
-    merge_rows_in_slices(part_m, part_d, groups, width, group_slices);
+    merge_rows_in_slices<P>(part_m, part_d, groups, width, group_slices);
     PS_SYNC();
     for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // q: a position of the tile
-      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups<MD<C>>(part_m, part_d, q, group_slices, width));
+      pairs.publish((tile * chunks + chunk) * width + q, merge_column_groups<P>(part_m, part_d, q, group_slices, width));
     }
     PS_SYNC();  // the scratch is read above before it is written below
     if constexpr (!poll_pairs) {
       if (PS_THREAD_X == 0) arrive_and_wait(arrivals + tile, chunks);
       PS_SYNC();
     }
-    // The tile's (m, d) per position: a thread a (position, slice of the chunks) merges the
+    // The tile's partial per position: a thread a (position, slice of the chunks) merges the
     // slice's published pairs, then a thread a position the slices.
     for (int t = PS_THREAD_X; t < chunk_slices * width; t += PS_BLOCK_DIM_X) {
       const int q = t % width, s = t / width;
-      MD<C> md = md_identity<C>();
-      for (i64 c = s; c < chunks; c += chunk_slices) md = md_combine(md, pairs.read((tile * chunks + c) * width + q));
-      part_m[s * width + q] = md.m;
-      part_d[s * width + q] = md.d;
+      P part = F::identity();
+      for (i64 c = s; c < chunks; c += chunk_slices) part = F::combine(part, pairs.read((tile * chunks + c) * width + q));
+      F::put(part_m, part_d, s * width + q, part);
     }
     PS_SYNC();
     // Every chunk of this tile has published its pairs (counted, or read above), so each has read
@@ -2202,10 +2225,8 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
       for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) pairs.clear((previous * chunks + chunk) * width + q);
       if (!poll_pairs && chunk == 0 && PS_THREAD_X == 0) arrivals[previous] = 0u;
     }
-    for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {
-      const MD<C> total = merge_column_groups<MD<C>>(part_m, part_d, q, chunk_slices, width);
-      part_m[q] = total.m;  // row 0 of the scratch, read by every group below
-      part_d[q] = total.d;
+    for (int q = PS_THREAD_X; q < width; q += PS_BLOCK_DIM_X) {  // row 0 of the scratch, read by every group below
+      F::put(part_m, part_d, q, merge_column_groups<P>(part_m, part_d, q, chunk_slices, width));
     }
     PS_SYNC();
     // The outputs; where copies are asynchronous, each row's place in the cache is refilled with
@@ -2215,34 +2236,29 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     const bool prefetch = kAsyncSlots<T, VEC> && next_tile < tiles;
     const i64 next_i = first_position(next_tile);
     const bool next_active = next_i < inner;
-    const T* next_xl = x + (next_tile / tiles_per_outer) * xs_outer + next_i * xs_inner;
-    RowFinish<OP, T> finish[VEC];
+    const auto next_in = op.inputs(next_tile / tiles_per_outer, next_i);
+    typename Op::Finish finish[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const MD<C> total = {part_m[tx * VEC + j], part_d[tx * VEC + j]};
-      finish[j] = RowFinish<OP, T>(total, safe != 0);
-    }
-    T* yl = y + o * ys_outer + i * ys_inner;
+    for (int j = 0; j < VEC; ++j) finish[j] = typename Op::Finish(F::get(part_m, part_d, tx * VEC + j), safe != 0);
+    T* yl = op.output(o, i);
     if (active || prefetch) {
       // Addresses stepped a column group's rows at a time (a 64-bit multiply each, before).
-      Vec<T, VEC>* at = cache + ty * inner_tile + tx;
-      T* out_at = yl + (c_begin + ty) * ys_col;
-      const T* next_at = next_xl + (c_begin + ty) * xs_col;
-      const i64 out_step = groups * ys_col, next_step = groups * xs_col;
-      for (int r = ty; r < chunk_rows; r += groups, at += cache_step, out_at += out_step, next_at += next_step) {
+      Held* at = cache + ty * inner_tile + tx;
+      T* out_at = yl + (c_begin + ty) * op.output_col();
+      auto next_at = op.advance(next_in, c_begin + ty);
+      const i64 out_step = groups * op.output_col();
+      for (int r = ty; r < chunk_rows; r += groups, at += cache_step, out_at += out_step,
+               next_at = op.advance(next_at, groups)) {
         if (active) {
-          const Vec<T, VEC> raw = *at;
-          Vec<T, VEC> out;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(finish[j](to_compute(raw.v[j])));
-          *reinterpret_cast<Vec<T, VEC>*>(out_at) = out;
+          const Held raw = *at;
+          op.template store_held<VEC>(out_at, finish, raw);
         }
 #if PS_ASYNC_COPY
         if constexpr (kAsyncSlots<T, VEC>) {
           if (prefetch && next_active) {
-            async_copy<sizeof(Vec<T, VEC>)>(at, next_at);
+            op.template prefetch<VEC>(at, next_at);
           } else if (prefetch) {
-            *at = neg_inf_vec<T, VEC>();
+            *at = Op::template absent_vector<VEC>();
           }
         }
 #endif
@@ -2253,9 +2269,10 @@ PS_DEVICE void strided_cached(const T* x, T* y, typename compute_of<T>::type* pa
     if (next_tile >= tiles) {  // this block's last tile: the last of its chunks to leave clears it
       // The answer reaches the block through part_m, free here: a shared flag of its own would take
       // shared memory a multiprocessor's fourth block needs.
-      if (PS_THREAD_X == 0) part_m[0] = depart_last(arrivals + tile, chunks, poll_pairs ? 0 : chunks) ? C(1) : C(0);
+      typedef typename F::First Flag;
+      if (PS_THREAD_X == 0) part_m[0] = depart_last(arrivals + tile, chunks, poll_pairs ? 0 : chunks) ? Flag(1) : Flag(0);
       PS_SYNC();
-      if (part_m[0] != C(0)) {
+      if (part_m[0] != Flag(0)) {
         for (i64 k = PS_THREAD_X; k < chunks * width; k += PS_BLOCK_DIM_X) pairs.clear(tile * chunks * width + k);
         if (PS_THREAD_X == 0) arrivals[tile] = 0u;
       }
@@ -2274,11 +2291,11 @@ const int kCachedThreads = 384, kCachedMinBlocks = 4;
 template <typename T> constexpr int min_blocks(int blocks) { return sizeof(T) == 8 ? 1 : blocks; }
 // The on-chip strided tier's float32 and 16-bit variants that refill their cache asynchronously
 // need a cap of 64 registers a thread to keep the planner's 4 blocks a multiprocessor
-// (Tuning.strided_chunks_per_sm; without it they take 74-78); the others compile with no
-// minimum (0): a cap changes the 16-bit scalar variant's code for the worse, and float64 needs
-// its registers.
+// (Tuning.strided_chunks_per_sm; without it they take 74-78). The 16-bit scalar variant takes a
+// cap of 85 (3 blocks): without one, ptxas settles on 64 registers and spills; with 4 its code is
+// worse. The others compile with no minimum (0): float64 needs its registers.
 template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
-  return kAsyncSlots<T, VEC> && sizeof(T) <= 4 ? 4 : 0;
+  return kAsyncSlots<T, VEC> && sizeof(T) <= 4 ? 4 : (sizeof(T) == 2 ? 3 : 0);
 }
 
 }  // namespace ps
@@ -2450,7 +2467,9 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
       ps::i64 inner, ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi,   \
       int inner_tile, ps::i64 chunk_cols, ps::i64 chunks, int safe) {                                \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::strided_cached<T, OP, V>(x, y, partials, arrivals, outer, cols, inner, xso, xsc, xsi, yso, ysc, ysi, \
-                                 inner_tile, chunk_cols, chunks, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::strided_cached<ps::ForwardStrided<T, OP>, V>(ps::ForwardStrided<T, OP>{x, y, xso, xsc, xsi, yso, ysc, ysi}, \
+                                                     ps::PublishedPairs<compute_of<T>::type>{partials}, arrivals, outer, \
+                                                     cols, inner, inner_tile, chunk_cols, chunks, safe,   \
+                                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache));          \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_cached_##DT##_##OPN##_v##V)

@@ -506,8 +506,32 @@ template <typename C> struct PartialFields<GradSum<C>> {
   PS_DEVICE static GradSum<C> combine(GradSum<C> a, GradSum<C> b) { return grad_combine(a, b); }
 };
 
+// The GradSums that the chunks of a tile's position publish to each other in strided_cached: two
+// doubles, so counted (PublishedPairs' protocol for double pairs): the writer fences before its
+// arrival is counted, the readers read once after the count.
+template <typename C> struct PublishedGradSums {
+  static constexpr bool kCounted = true;
+  double* sums;
+  PS_DEVICE void publish(i64 slot, GradSum<C> g) const {
+    volatile double* at = sums + 2 * slot;
+    at[0] = g.sum;
+    at[1] = static_cast<double>(g.top);
+    PS_THREAD_FENCE();  // both words visible before the arrival is counted
+  }
+  PS_DEVICE void clear(i64 slot) const {
+    sums[2 * slot] = 0.0;
+    sums[2 * slot + 1] = 0.0;
+  }
+  PS_DEVICE GradSum<C> read(i64 slot) const {
+    const volatile double* at = sums + 2 * slot;
+    return GradSum<C>{at[0], static_cast<C>(at[1])};
+  }
+};
+
 template <typename T, int OP> struct GradientStrided {
   typedef typename compute_of<T>::type C;
+  typedef T Element;
+  typedef PublishedGradSums<C> Published;
   struct Value { C dy, y; };
   typedef GradAccumulator<OP, C> Accumulator;
   typedef GradSum<C> Partial;
@@ -566,6 +590,25 @@ template <typename T, int OP> struct GradientStrided {
     for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(h.dy.v[j]), to_compute(h.y.v[j])));
     *reinterpret_cast<Vec<T, VEC>*>(l.dx + c * dxsc) = out;
   }
+  // strided_cached: a tile's rows of dy and y through shared memory
+  struct Inputs { const T* dy; const T* y; };
+  PS_DEVICE i64 output_col() const { return dxsc; }
+  PS_DEVICE Inputs inputs(i64 o, i64 i) const { return Inputs{dy + o * dyso + i * dysi, y + o * yso + i * ysi}; }
+  PS_DEVICE Inputs advance(const Inputs& at, i64 rows) const {
+    return Inputs{at.dy + rows * dysc, at.y + rows * ysc};
+  }
+  template <int VEC> PS_DEVICE void store_held(T* out_at, const Finish (&f)[VEC], const Held<VEC>& h) const {
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_compute<T>(f[j](to_compute(h.dy.v[j]), to_compute(h.y.v[j])));
+    *reinterpret_cast<Vec<T, VEC>*>(out_at) = out;
+  }
+#if PS_ASYNC_COPY
+  template <int VEC> PS_DEVICE static void prefetch(Held<VEC>* at, const Inputs& from) {
+    async_copy<sizeof(Vec<T, VEC>)>(&at->dy, from.dy);
+    async_copy<sizeof(Vec<T, VEC>)>(&at->y, from.y);
+  }
+#endif
 };
 
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
@@ -638,3 +681,21 @@ const int kGradStreamThreads = 256;       // the two-pass split
         inner, safe);                                                                                    \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_strided_thread_##DT##_##OPN##_v##V##_l##L)
+
+// Where copies are asynchronous, four blocks a multiprocessor for 4-byte and narrower types, as the
+// forward (strided_cached_min_blocks); float64 needs its registers.
+#define PS_GRAD_STRIDED_CACHED_ENTRY(DT, T, OPN, OP, V)                                                 \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStridedCachedThreads, (ps::strided_cached_min_blocks<T, V>())) \
+  ps_bwd_strided_cached_##DT##_##OPN##_v##V(                                                          \
+      const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 outer, ps::i64 cols,   \
+      ps::i64 inner, ps::i64 dyso, ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi,  \
+      ps::i64 dxso, ps::i64 dxsc, ps::i64 dxsi, int inner_tile, ps::i64 chunk_cols, ps::i64 chunks,     \
+      int safe) {                                                                                       \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                                  \
+    typedef ps::GradientStrided<T, OP> Op;                                                              \
+    ps::strided_cached<Op, V>(Op{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi},        \
+                              ps::PublishedGradSums<compute_of<T>::type>{sums}, arrivals, outer, cols, inner, \
+                              inner_tile, chunk_cols, chunks, safe,                                     \
+                              reinterpret_cast<Op::Held<V>*>(ps_cache));                                \
+  }                                                                                                     \
+  PS_EXPORT_KERNEL(ps_bwd_strided_cached_##DT##_##OPN##_v##V)

@@ -320,6 +320,12 @@ PS_GRAD_ROWS_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 4, 4, 2)
 PS_GRAD_ROWS_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 8, 4, 2)
 PS_GRAD_ROWS_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 16, 4, 2)
 PS_GRAD_ROWS_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 32, 32, 4, 2)
+#if PS_ASYNC_COPY_TIERS  // asynchronous copies: NVIDIA and the emulation, never AMD
+PS_GRAD_STRIDED_CACHED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 1)
+PS_GRAD_STRIDED_CACHED_ENTRY(f16, half_t, softmax, ps::kSoftmax, 4)
+PS_GRAD_STRIDED_CACHED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 1)
+PS_GRAD_STRIDED_CACHED_ENTRY(f16, half_t, log_softmax, ps::kLogSoftmax, 4)
+#endif
 #if PS_WAVE64
 PS_GRAD_ROWS_ENTRY(f16, half_t, softmax, ps::kSoftmax, 64, 1, 1, 1)
 PS_GRAD_ROWS_ENTRY(f16, half_t, softmax, ps::kSoftmax, 64, 1, 2, 1)

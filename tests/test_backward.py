@@ -21,6 +21,7 @@ from test_emulation import _library_or_skip
 import portable_softmax as ps
 from portable_softmax import _tolerance
 from portable_softmax import _variants as V
+from portable_softmax import planner
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
     ROW_RULES,
@@ -222,6 +223,68 @@ def test_every_strided_regime_vector_width_and_line_count(runtime, rng, dtype):
         for vec, lines in V.strided_thread_variants(dtype) for op in ("softmax", "log_softmax")}
 
 
+@pytest.fixture(scope="module")
+def async_library() -> EmulationLibrary:
+    return _library_or_skip(SRC_CUDA, tuple(V.DTYPES), ("PS_EMULATE_ASYNC_COPY",))
+
+
+@pytest.fixture
+def async_planner(monkeypatch):
+    """The planners as they run on NVIDIA sm_80 and newer (asynchronous copies), for this test only."""
+    monkeypatch.setattr(planner, "has_async_copy", lambda device: True)
+    planner.plan.cache_clear()
+    plan_backward.cache_clear()
+    yield
+    planner.plan.cache_clear()
+    plan_backward.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [d for d in NUMPY_DTYPES if V.DTYPES[d][2] in V.GRAD_STRIDED_CACHED_ITEMSIZES])
+@pytest.mark.parametrize("copies", ["sync", "async"])
+def test_strided_axis_cached_on_chip(request, async_planner, rng, dtype, copies):
+    """The on-chip strided regime (chunks of a tile's dy and y on co-resident blocks, the forward's
+    strided_cached), at warp 32 on a device with the shared memory of an sm_80 part, built with and
+    without asynchronous copies: a thread a position and a vector of them (inner positions that all
+    start aligned, or not), the fewest rows that take the regime and many more (more chunks than a
+    block's threads a position, whose sums merge in slices); dx also written over dy and over y,
+    with a NaN dy, a NaN y, and a safe position of all -inf (zeros for softmax) whose gradient is 0."""
+    library = request.getfixturevalue("library" if copies == "sync" else "async_library")
+    runtime = EmulatedRuntime(library, 32, shared_mem_per_block=48 * 1024, shared_mem_per_block_optin=48 * 1024,
+                              shared_mem_per_multiprocessor=192 * 1024, multiprocessors=32)
+    device = runtime.profile(0)
+
+    def problem(op, outer, cols, inner):
+        strides = (cols * inner, inner, 1)
+        return GradStridedProblem(dtype, op, outer, cols, inner, strides, strides, strides, safe=True)
+
+    widths, many_chunks = set(), False
+    for inner in (128, 129):
+        cols = 8
+        while plan_backward(problem("softmax", 2, cols, inner), device).tier != "strided_cached":
+            cols += max(1, cols // 16)
+            assert cols <= 1 << 12, f"{dtype}: no axis over {inner} positions takes the on-chip regime"
+        for outer, n, positions in ((2, cols, inner), (1, 8 * cols, inner // 4 + inner % 2)):
+            for op in ("softmax", "log_softmax"):
+                the_plan = plan_backward(problem(op, outer, n, positions), device)
+                assert the_plan.tier == "strided_cached", (n, positions, the_plan.tier)
+                notes = the_plan.notes
+                widths.add(notes["vec"])
+                many_chunks |= notes["chunks"] > 256 // (notes["inner_tile"] * notes["vec"])
+                y = forward_output(rng, (outer, n, positions), 1, op, dtype)
+                dy = rng.standard_normal((outer, n, positions)).astype(y.dtype)
+                dy[0, n // 2, 0] = np.nan
+                y[outer - 1, n - 1, positions - 1] = np.nan
+                y[0, :, positions // 2] = -np.inf if op == "log_softmax" else 0.0
+                for into in (None, "dy", "y"):
+                    got = runtime.run_backward(dy, y, the_plan, into=into)
+                    what = f"{dtype} {(outer, n, positions)} {the_plan.launches[0].kernel} {notes} over {into}"
+                    assert_gradient(got, dy, y, 1, op, what)
+                    assert np.isnan(got[0, :, 0].astype(np.float64)).all() and np.isnan(
+                        got[outer - 1, :, positions - 1].astype(np.float64)).all(), what
+                    assert (got[0, :, positions // 2] == 0).all(), what
+    assert widths == {1, V.strided_vector_widths(dtype)[1]} and many_chunks, (widths, many_chunks)
+
+
 def test_nan_and_empty_rows(runtime, rng):
     """NaN in dy or y makes its row NaN; a log_softmax row of all -inf (a safe forward's) gets 0; a
     softmax row of zeros (its safe twin) gets 0. Every regime."""
@@ -332,6 +395,9 @@ def _witness_problems(dtype: str):
             for pad in (2, 4):
                 yield GradRowProblem(dtype, op, 4096, cols, strides=(cols + pad,) * 3)
         yield GradStridedProblem(dtype, op, 4, 100, 30, (3000, 30, 1), (3000, 30, 1), (3000, 30, 1))
+        for inner in (1024, 1023, 64, 63):  # long axes, their tiles on chip, aligned and not
+            strides = (4096 * inner, inner, 1)
+            yield GradStridedProblem(dtype, op, 2, 4096, inner, strides, strides, strides)
         for vec in V.strided_thread_widths(dtype):  # short axes over 3 * vec inner positions
             for cols in (2, 4, 50):
                 strides = (cols * 3 * vec, 3 * vec, 1)
@@ -362,6 +428,7 @@ def test_plans_respect_the_launch_limits(profile):
             for launch in the_plan.launches:
                 assert 1 <= launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
                 assert 1 <= launch.grid <= device.max_grid_x
+                assert launch.shared_mem <= device.shared_mem_per_block_optin
                 if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is sure
                     assert launch.min_grid <= device.multiprocessors
             if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
@@ -414,10 +481,12 @@ def test_golden_regimes(dtype, shape, regime, kernel_part):
 STRIDED_GOLDEN = [  # (outer, cols, inner) -> strided regime on an H100
     ("float32", (1, 3, 10**7), "strided_thread", "_v4_l2"),  # a short axis: 16-byte vectors, two lines a thread
     ("float32", (64, 100, 10000), "strided_thread", "_v4_l1"),
-    ("bfloat16", (128, 400, 2048), "strided_thread", "_v8_l1"),  # its lines give a block to most multiprocessors
-    ("bfloat16", (256, 512, 512), "strided", "strided_bf16"),  # ... to fewer than half of them
+    ("bfloat16", (128, 400, 2048), "strided_cached", "_v4"),  # tiles that fill a block's shared memory
+    ("float32", (128, 400, 2048), "strided_thread", "_v4_l1"),  # its lines give a block to most multiprocessors
     ("float64", (256, 200, 512), "strided", "strided_f64"),
     ("float32", (1, 8192, 8192), "strided", "strided_f32"),
+    ("bfloat16", (1, 8192, 8192), "strided_cached", "strided_cached_bf16_softmax_v4"),  # dy and y read once
+    ("float16", (1, 8192, 8191), "strided_cached", "strided_cached_f16_softmax_v1"),  # ... rows off a vector
 ]
 
 

@@ -106,14 +106,16 @@ def test_a_gradients_out_overlapping_dy_or_y_partly_is_computed_apart(rng, libra
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_every_strided_regime_and_vector_width(rng, dtype):
     """Non-last axes: short ones a thread per line of positions at every vector width (inner
-    positions 3 * vec, rows of 2, 4 and 50), long ones in column groups; also over a view one
-    element past an aligned address (vectors of one)."""
+    positions 3 * vec, rows of 2, 4 and 50), longer ones in column groups, and long ones over
+    positions that fill a block's shared memory cached on chip where the dtype takes that regime
+    (positions of a vector and not);
+    also over a view one element past an aligned address (vectors of one)."""
     torch = _torch_cuda()
     from portable_softmax import _variants as V
 
     tiers = set()
     shapes = [(3, cols, 3 * vec) for vec in V.strided_thread_widths(dtype) for cols in (2, 4, 50)]
-    for shape in shapes + [(2, 300, 64), (2, 1000, 40), (5, 70, 33)]:
+    for shape in shapes + [(2, 300, 64), (2, 1000, 40), (5, 70, 33), (2, 4096, 128), (1, 8192, 129)]:
         for op, fn in FNS.items():
             y = forward_output(rng, shape, 1, op, dtype)
             dy = rng.standard_normal(shape).astype(y.dtype)
@@ -124,7 +126,8 @@ def test_every_strided_regime_and_vector_width(rng, dtype):
             view = flat[1:].view(shape)
             view.copy_(dy_t)
             assert_gradient(_to_numpy(fn(view, y_t, 1)), dy, y, 1, op, f"torch {dtype} {shape} offset 1")
-    assert tiers == {"strided", "strided_thread"}
+    on_chip = {"strided_cached"} if V.DTYPES[dtype][2] in V.GRAD_STRIDED_CACHED_ITEMSIZES else set()
+    assert tiers == {"strided", "strided_thread"} | on_chip
 
 
 @needs_cuda
