@@ -19,9 +19,8 @@ from emulation.build import SRC_CUDA
 from test_emulation import _library_or_skip
 
 import portable_softmax as ps
-from portable_softmax import _tolerance
+from portable_softmax import _tolerance, planner
 from portable_softmax import _variants as V
-from portable_softmax import planner
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
     ROW_RULES,
@@ -221,11 +220,6 @@ def test_every_strided_regime_vector_width_and_line_count(runtime, rng, dtype):
     assert kernels == {V.grad_strided_name(dtype, op) for op in ("softmax", "log_softmax")} | {
         V.grad_strided_thread_name(dtype, op, vec, lines)
         for vec, lines in V.strided_thread_variants(dtype) for op in ("softmax", "log_softmax")}
-
-
-@pytest.fixture(scope="module")
-def async_library() -> EmulationLibrary:
-    return _library_or_skip(SRC_CUDA, tuple(V.DTYPES), ("PS_EMULATE_ASYNC_COPY",))
 
 
 @pytest.fixture
