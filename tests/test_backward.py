@@ -484,6 +484,48 @@ STRIDED_GOLDEN = [  # (outer, cols, inner) -> strided regime on an H100
 ]
 
 
+A100 = DeviceProfile("NVIDIA A100", "nvidia", "sm_80", 32, 108, 1024, 48 * 1024, 163 * 1024,
+                     shared_mem_per_multiprocessor=164 * 1024)
+
+
+@pytest.mark.parametrize("device", [PROFILES["h100"], A100], ids=["h100", "a100"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_long_strided_axes_of_16_bit_gradients_are_cached_on_chip(device, dtype):
+    """Axis 0 of 8192 x 8192 on a part that copies asynchronously: 16-bit gradients split each tile's
+    axis into chunks whose dy and y fit shared memory beside the GradSum scratch, four blocks a
+    multiprocessor, on blocks that can all be resident, with a tile row of one 128-byte line of each
+    array (one position a thread where rows start off a vector); float32 and float64 keep the
+    column groups."""
+    strides = (0, 8192, 1)
+    p = plan_backward(GradStridedProblem(dtype, "log_softmax", 1, 8192, 8192, strides, strides, strides), device)
+    itemsize = V.DTYPES[dtype][2]
+    if itemsize not in V.GRAD_STRIDED_CACHED_ITEMSIZES:
+        assert p.tier == "strided"
+        return
+    assert p.tier == "strided_cached"
+    (launch,) = p.launches
+    tile, vec, chunks, chunk_cols = (p.notes[k] for k in ("inner_tile", "vec", "chunks", "chunk_cols"))
+    assert vec == 4 and tile * vec * itemsize == 128
+    assert launch.block % tile == 0 and launch.block <= device.max_threads_per_block
+    assert chunks * chunk_cols >= 8192 > (chunks - 1) * chunk_cols
+    assert launch.shared_mem == 2 * chunk_cols * tile * vec * itemsize  # dy and y
+    assert launch.shared_mem + launch.block * vec * (8 + 4) + 1024 <= device.shared_mem_per_multiprocessor // 4
+    assert launch.cooperative and launch.min_grid == chunks <= device.multiprocessors
+    assert launch.grid % chunks == 0 and launch.grid <= 4 * device.multiprocessors
+    assert launch.kernel == V.grad_strided_cached_name(dtype, "log_softmax", vec)
+    tiles = 8192 // (tile * vec)
+    assert dict(p.scratch) == {"sums": 16 * tiles * chunks * tile * vec, "arrivals": 4 * tiles}
+    odd = plan_backward(GradStridedProblem(dtype, "softmax", 1, 8192, 8191, (0, 8191, 1), (0, 8191, 1),
+                                           (0, 8191, 1)), device)
+    assert odd.tier == "strided_cached" and odd.notes["vec"] == 1
+    shifted = plan_backward(GradStridedProblem(dtype, "softmax", 1, 8192, 8192, strides, strides, strides,
+                                               misaligns=(0, 1, 0)), device)
+    assert shifted.notes["vec"] == 1
+    for amd in (PROFILES["mi300x"], PROFILES["rdna3"]):  # no asynchronous copies: column groups
+        assert plan_backward(GradStridedProblem(dtype, "softmax", 1, 8192, 8192, strides, strides, strides),
+                             amd).tier == "strided"
+
+
 @pytest.mark.parametrize("dtype, shape, tier, kernel_part", STRIDED_GOLDEN)
 def test_golden_strided_regimes(dtype, shape, tier, kernel_part):
     outer, cols, inner = shape
