@@ -1458,9 +1458,15 @@ def strided_vec(t: Tuning, p: StridedProblem) -> int:
     """Inner positions a thread of the on-chip strided tier takes with one vector load: the
     widest (V.strided_vector_widths) when every row of the input and output starts aligned to
     it, else 1."""
-    if V.DTYPES[p.dtype][2] not in t.strided_vector_itemsizes:
+    return strided_cached_vec(t, p.dtype, p.outer, p.inner, (p.x_strides, p.y_strides), (p.x_misalign, p.y_misalign))
+
+
+def strided_cached_vec(t: Tuning, dtype: str, outer: int, inner: int, strides, misaligns) -> int:
+    """strided_vec over any arrays (a gradient's dy, y and dx): their (outer, col, inner) strides
+    and base misaligns."""
+    if V.DTYPES[dtype][2] not in t.strided_vector_itemsizes:
         return 1
-    return _widest_aligned(p, V.strided_vector_widths(p.dtype))
+    return widest_aligned(V.strided_vector_widths(dtype), outer, inner, strides, misaligns)
 
 
 def _plan_strided_thread(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Draft:

@@ -28,9 +28,11 @@ from .planner import (
     Launch,
     Plan,
     PlanError,
+    _compute_bytes,
     _work_grid,
     default_tuning,
     grid_for,
+    strided_cached_vec,
     strided_thread_lines,
     strided_tiles,
     widest_aligned,
@@ -335,13 +337,9 @@ def _cached_tiles(p: GradStridedProblem, device: DeviceProfile) -> tuple[int, An
     if not _planner.has_async_copy(device) or itemsize not in V.GRAD_STRIDED_CACHED_ITEMSIZES:
         return None
     t = default_tuning(device)
-    vec = 1
-    if itemsize in t.strided_vector_itemsizes:
-        vec = widest_aligned(V.strided_vector_widths(p.dtype), p.outer, p.inner,
-                             (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
-    compute_bytes = 8 if V.compute_type(p.dtype) == "double" else 4
+    vec = strided_cached_vec(t, p.dtype, p.outer, p.inner, (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
     tiles = strided_tiles(t, device, p.dtype, p.outer, p.cols, p.inner, vec, inputs=2,
-                          partial_bytes=8 + compute_bytes)  # a GradSum: the double sum and the top of y
+                          partial_bytes=8 + _compute_bytes(p.dtype))  # a GradSum: the double sum, the top of y
     return None if tiles is None else (vec, tiles)
 
 

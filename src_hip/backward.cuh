@@ -591,12 +591,8 @@ template <typename T, int OP> struct GradientStrided {
     *reinterpret_cast<Vec<T, VEC>*>(l.dx + c * dxsc) = out;
   }
   // strided_cached: a tile's rows of dy and y through shared memory
-  struct Inputs { const T* dy; const T* y; };
   PS_DEVICE i64 output_col() const { return dxsc; }
-  PS_DEVICE Inputs inputs(i64 o, i64 i) const { return Inputs{dy + o * dyso + i * dysi, y + o * yso + i * ysi}; }
-  PS_DEVICE Inputs advance(const Inputs& at, i64 rows) const {
-    return Inputs{at.dy + rows * dysc, at.y + rows * ysc};
-  }
+  PS_DEVICE Column advance(const Column& at, i64 rows) const { return Column{at.dy + rows * dysc, at.y + rows * ysc}; }
   template <int VEC> PS_DEVICE void store_held(T* out_at, const Finish (&f)[VEC], const Held<VEC>& h) const {
     Vec<T, VEC> out;
 #pragma unroll
@@ -604,7 +600,7 @@ template <typename T, int OP> struct GradientStrided {
     *reinterpret_cast<Vec<T, VEC>*>(out_at) = out;
   }
 #if PS_ASYNC_COPY
-  template <int VEC> PS_DEVICE static void prefetch(Held<VEC>* at, const Inputs& from) {
+  template <int VEC> PS_DEVICE static void prefetch(Held<VEC>* at, const Column& from) {
     async_copy<sizeof(Vec<T, VEC>)>(&at->dy, from.dy);
     async_copy<sizeof(Vec<T, VEC>)>(&at->y, from.y);
   }
@@ -682,8 +678,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_strided_thread_##DT##_##OPN##_v##V##_l##L)
 
-// Where copies are asynchronous, four blocks a multiprocessor for 4-byte and narrower types, as the
-// forward (strided_cached_min_blocks); float64 needs its registers.
+// The forward's launch bounds (strided_cached_min_blocks): the planner sizes both alike.
 #define PS_GRAD_STRIDED_CACHED_ENTRY(DT, T, OPN, OP, V)                                                 \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStridedCachedThreads, (ps::strided_cached_min_blocks<T, V>())) \
   ps_bwd_strided_cached_##DT##_##OPN##_v##V(                                                          \

@@ -2073,7 +2073,6 @@ template <typename T, int OP> struct ForwardStrided {
   }
   // strided_cached: a tile's rows through shared memory
   PS_DEVICE i64 output_col() const { return ys_col; }
-  PS_DEVICE const T* inputs(i64 o, i64 i) const { return x + o * xs_outer + i * xs_inner; }
   PS_DEVICE const T* advance(const T* at, i64 rows) const { return at + rows * xs_col; }
   template <int VEC> PS_DEVICE void store_held(T* out_at, const Finish (&f)[VEC], const Vec<T, VEC>& raw) const {
     Vec<T, VEC> out;
@@ -2104,8 +2103,8 @@ const int kStridedCachedThreads = 256;  // the launch's block size, which sizes 
 //   Op::Element                        the arrays' element type
 //   Op::Published                      the partials as the chunks publish them to each other
 //   op.output(o, i), op.output_col()   a position's output column and its stride along the axis
-//   op.inputs(o, i), op.advance(at, k) a position's input column(s), k rows further
-//   op.prefetch<VEC>(held, inputs)     a row of the inputs to the cache by asynchronous copies
+//   op.column(o, i), op.advance(at, k) a position's input column(s), k rows further
+//   op.prefetch<VEC>(held, column)     a row of the inputs to the cache by asynchronous copies
 //   op.store_held<VEC>(out, finish, held)   a row's outputs
 template <typename Op, int VEC>
 PS_DEVICE void strided_cached(const Op& op, typename Op::Published published, unsigned* arrivals, i64 outer,
@@ -2237,7 +2236,7 @@ PS_DEVICE void strided_cached(const Op& op, typename Op::Published published, un
     const bool prefetch = kAsyncSlots<T, VEC> && next_tile < tiles;
     const i64 next_i = first_position(next_tile);
     const bool next_active = next_i < inner;
-    const auto next_in = op.inputs(next_tile / tiles_per_outer, next_i);
+    const auto next_in = op.column(next_tile / tiles_per_outer, next_i);
     typename Op::Finish finish[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) finish[j] = typename Op::Finish(F::get(part_m, part_d, tx * VEC + j), safe != 0);
