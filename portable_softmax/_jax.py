@@ -13,6 +13,12 @@ Differentiation goes through a custom JVP that is linear in the tangent, so JAX 
 reverse mode: grad runs the gradient kernels (a second primitive, ``portable_softmax_grad``, the
 same custom call with operands dy and y on a GPU, jax.numpy elsewhere); forward mode runs them too
 for softmax, whose Jacobian is symmetric, and log_softmax's tangent t - sum(t exp(y)) in jax.numpy.
+Where the GPU that JAX compiles for has a kernel of the gradient from the forward's input
+(``planner_backward.plan_backward_from_input``: the last axis, rows held in registers), the JVP
+keeps x instead of y (``portable_softmax_grad_from_input``, with log_softmax's tangent
+``portable_softmax_log_tangent_from_input``): under jax.grad the forward's output is then unused
+and XLA drops its call, so the gradient is one call reading dy and x once. The choice is
+made when the JVP is traced (``takes_input_path``); without a GPU runtime the gradient keeps y.
 vmap moves the batch dimension to the front, where it joins the rows (the axis is counted from the
 end). A row-sharded input runs per shard under ``jax.shard_map`` (each shard its own custom call);
 without it XLA gathers the operand of a custom call it cannot partition. A concrete JAX array on a
@@ -32,12 +38,15 @@ import numpy as np
 
 from . import _jax_ffi, api
 from ._dtypes import storage_name
-from .layout import normalize_axis
+from .layout import describe, normalize_axis
 
 _traced = None  # the custom-JVP function over the primitives, built on the first traced call
-_primitives = None  # (forward, gradient, log_softmax tangent)
+#: (forward, gradient, log_softmax tangent, gradient from x, log_softmax tangent from x)
+_primitives = None
 #: (axis, op, safe) -> the jitted call that concrete GPU arrays take
 _eager: dict[tuple, object] = {}
+#: (vendor, shape, dtype, axis, op, safe) -> whether the JVP keeps x (takes_input_path)
+_input_paths: dict[tuple, bool] = {}
 
 
 def is_tracer(x) -> bool:
@@ -147,6 +156,13 @@ def _make_primitives():
     tangent = Primitive("portable_softmax_log_tangent")
     tangent.def_impl(functools.partial(_apply_jitted, tangent))
     tangent.def_abstract_eval(lambda t, y, *, axis: t)
+    # the same maps from the forward's input x in place of y
+    grad_x = Primitive("portable_softmax_grad_from_input")
+    grad_x.def_impl(functools.partial(_apply_jitted, grad_x))
+    grad_x.def_abstract_eval(lambda dy, x, *, axis, op, safe: dy)
+    tangent_x = Primitive("portable_softmax_log_tangent_from_input")
+    tangent_x.def_impl(functools.partial(_apply_jitted, tangent_x))
+    tangent_x.def_abstract_eval(lambda t, x, *, axis, safe: t)
 
     def front(x, d, size):  # the batch in front, where it joins the rows (the axis counts from the end)
         if d is None:
@@ -160,7 +176,7 @@ def _make_primitives():
 
         return batch
 
-    for prim in (forward, grad, tangent):
+    for prim in (forward, grad, tangent, grad_x, tangent_x):
         batching.primitive_batchers[prim] = batcher(prim)
 
     # grad is linear in dy; its transpose is itself for softmax (the Jacobian is symmetric) and the
@@ -184,6 +200,26 @@ def _make_primitives():
     ad.defjvp(tangent, lambda g, t, y, *, axis: tangent.bind(g, y, axis=axis),
               lambda g, t, y, *, axis: _tangent_by_y(g, t, y, axis))
 
+    # the same from x: grad_x's transpose is itself for softmax, tangent_x for log_softmax
+    def transpose_grad_x(ct, dy, x, *, axis, op, safe):
+        if type(ct) is ad.Zero:
+            return [ad.Zero(dy.aval), None]
+        if op == "softmax":
+            return [grad_x.bind(ct, x, axis=axis, op=op, safe=safe), None]
+        return [tangent_x.bind(ct, x, axis=axis, safe=safe), None]
+
+    def transpose_tangent_x(ct, t, x, *, axis, safe):
+        if type(ct) is ad.Zero:
+            return [ad.Zero(t.aval), None]
+        return [grad_x.bind(ct, x, axis=axis, op="log_softmax", safe=safe), None]
+
+    ad.primitive_transposes[grad_x] = transpose_grad_x
+    ad.primitive_transposes[tangent_x] = transpose_tangent_x
+    ad.defjvp(grad_x, lambda g, dy, x, **params: grad_x.bind(g, x, **params),
+              lambda g, dy, x, **params: _by_x(grad_from_input_jnp, g, dy, x, params))
+    ad.defjvp(tangent_x, lambda g, t, x, **params: tangent_x.bind(g, x, **params),
+              lambda g, t, x, **params: _by_x(log_tangent_from_input_jnp, g, t, x, params))
+
     def jnp_rule(fn):
         def rule(ctx, *args, **params):
             return mlir.lower_fun(functools.partial(fn, **params), multiple_results=False)(ctx, *args)
@@ -196,9 +232,14 @@ def _make_primitives():
             if why is not None:  # the forward goes to the host; a gradient is as good in jax.numpy
                 if kind == "backward":
                     return jnp_rule(grad_jnp)(ctx, *args, axis=axis, op=op)
+                if kind == "backward_from_input":
+                    return jnp_rule(grad_from_input_jnp)(ctx, *args, axis=axis, op=op, safe=safe)
                 _jax_ffi.warn_once(why)
                 return jnp_rule(_host)(ctx, *args, axis=axis, op=op, safe=safe)
             aval = ctx.avals_in[0]
+            if kind == "backward_from_input" and not _jax_ffi.kernels_take_from_input(
+                    vendor, aval.shape, aval.dtype, axis, op, safe):
+                return jnp_rule(grad_from_input_jnp)(ctx, *args, axis=axis, op=op, safe=safe)
             target, attributes, workspace = _jax_ffi.custom_call(vendor, aval.shape, aval.dtype, axis, op, safe,
                                                                  kind)
             return custom_call_lowering(ctx, args, target, attributes, workspace)
@@ -209,10 +250,13 @@ def _make_primitives():
     mlir.register_lowering(forward, jnp_rule(reference_jnp))
     mlir.register_lowering(grad, jnp_rule(grad_jnp))
     mlir.register_lowering(tangent, jnp_rule(log_tangent_jnp))
+    mlir.register_lowering(grad_x, jnp_rule(grad_from_input_jnp))
+    mlir.register_lowering(tangent_x, jnp_rule(log_tangent_from_input_jnp))
     for platform, vendor in _jax_ffi.VENDORS.items():
         mlir.register_lowering(forward, on_gpu(vendor, "forward"), platform=platform)
         mlir.register_lowering(grad, on_gpu(vendor, "backward"), platform=platform)
-    return forward, grad, tangent
+        mlir.register_lowering(grad_x, on_gpu(vendor, "backward_from_input"), platform=platform)
+    return forward, grad, tangent, grad_x, tangent_x
 
 
 def _wide(*arrays):
@@ -268,6 +312,104 @@ def _tangent_by_y(g, t, y, axis: int):
     return jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, out).astype(t.dtype)
 
 
+def _softmax_of_input(x, axis: int, safe: bool):
+    """softmax(x) in the compute type (_wide), and whether each row of x is all -inf; with safe such a
+    row's softmax is 0 (without, NaN)."""
+    import jax
+    import jax.numpy as jnp
+
+    (a,) = _wide(x)
+    m = jax.lax.stop_gradient(jnp.max(a, axis=axis, keepdims=True))  # the shift cancels: no derivative
+    e = jnp.exp(a - m)
+    p = e / jnp.sum(e, axis=axis, keepdims=True)
+    empty = jnp.isneginf(m)
+    return (jnp.where(empty, 0.0, p) if safe else p), empty
+
+
+def grad_from_input_jnp(dy, x, *, axis: int, op: str, safe: bool):
+    """dx from dy and the forward's input x in jax.numpy, as the kernels from x compute it: with
+    p = softmax(x), softmax's p (dy - sum(dy p)), log_softmax's dy - p sum(dy). A row of x all -inf
+    gets 0 with safe, NaN without; NaN in a row of x or dy makes it NaN."""
+    import jax.numpy as jnp
+
+    p, empty = _softmax_of_input(x, axis, safe)
+    (d,) = _wide(dy)
+    if op == "softmax":
+        dx = p * (d - jnp.sum(d * p, axis=axis, keepdims=True))
+    else:
+        dx = d - p * jnp.sum(d, axis=axis, keepdims=True)
+        if safe:
+            dx = jnp.where(empty, 0.0, dx)
+    return dx.astype(dy.dtype)
+
+
+def log_tangent_from_input_jnp(t, x, *, axis: int, safe: bool):
+    """log_softmax's tangent t - sum(t softmax(x)) (the transpose of its gradient from x); a row of
+    x all -inf gets 0 with safe, NaN without."""
+    import jax.numpy as jnp
+
+    p, empty = _softmax_of_input(x, axis, safe)
+    (s,) = _wide(t)
+    dt = s - jnp.sum(s * p, axis=axis, keepdims=True)
+    return (jnp.where(empty, 0.0, dt) if safe else dt).astype(t.dtype)
+
+
+def _by_x(formula, g, v, x, params: dict):
+    """A map from x's derivative along a change g of x (second-order derivatives): the JVP of its
+    jax.numpy formula."""
+    import jax
+
+    return jax.jvp(lambda a: formula(v, a, **params), (x,), (g.astype(x.dtype),))[1]
+
+
+def takes_input_path(shape: tuple[int, ...], dtype, axis: int, op: str, safe: bool, profile) -> bool:
+    """Whether the gradient of ``op`` along ``axis`` of a C-contiguous array of ``shape`` and
+    ``dtype`` keeps the forward's input x, on a GPU of ``profile`` (a planner.DeviceProfile): where
+    the axis is the last and planner_backward plans the fused kernel for these rows."""
+    from .planner import PlanError
+    from .planner_backward import plan_backward_from_input
+
+    ndim = len(shape)
+    if ndim == 0 or axis % ndim != ndim - 1:
+        return False
+    layout = describe(tuple(shape), _jax_ffi.contiguous_strides(tuple(shape)), ndim - 1)
+    name = storage_name(dtype if isinstance(dtype, str) else np.dtype(dtype))
+    problem = _jax_ffi.from_input_problem(name, op, safe, layout)
+    try:
+        return plan_backward_from_input(problem, profile) is not None
+    except PlanError:
+        return False
+
+
+def gpu_vendor() -> str | None:
+    """The runtime vendor ('cuda' or 'hip') of the device JAX compiles for by default, or None where
+    that is not a GPU."""
+    import jax
+
+    return _jax_ffi.vendor_of(jax.devices()[0])
+
+
+def _input_path(x, axis: int, op: str, safe: bool) -> bool:
+    """takes_input_path on the reference profile of the GPU runtime that the call lowers for
+    (_jax_ffi plans on the same one), cached; False without a GPU (jax.numpy computes either path)."""
+    vendor = gpu_vendor()
+    if vendor is None:
+        return False
+    key = (vendor, tuple(x.shape), storage_name(x.dtype), axis, op, safe)
+    found = _input_paths.get(key)
+    if found is None:
+        from . import _probe
+
+        try:
+            profile = _probe.runtime(vendor).profile(0)
+        except _probe.BackendUnavailableError:
+            found = False
+        else:
+            found = takes_input_path(tuple(x.shape), x.dtype, axis, op, safe, profile)
+        _input_paths[key] = found
+    return found
+
+
 def custom_call_lowering(ctx, operands, target: str, attributes: dict, workspace: int):
     """The FFI custom call with results (the output, a uint8 workspace of ``workspace`` bytes); the
     output alone is returned."""
@@ -292,7 +434,7 @@ def _build():
     global _primitives
     if _primitives is None:
         _primitives = _make_primitives()
-    forward, grad, tangent = _primitives
+    forward, grad, tangent, grad_x, tangent_x = _primitives
 
     @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
     def softmax(x, axis, op, safe):
@@ -305,10 +447,15 @@ def _build():
     def jvp(axis, op, safe, primals, tangents):
         # Linear in the tangent, with y from the forward, so JAX transposes it for reverse mode into
         # the gradient kernels: softmax's tangent y (t - sum(t y)) is its own gradient (the Jacobian
-        # is symmetric); log_softmax's t - sum(t exp(y)) transposes to g - exp(y) sum(g).
+        # is symmetric); log_softmax's t - sum(t exp(y)) transposes to g - exp(y) sum(g). From x
+        # where a kernel of the gradient from x is planned: y is then left unused under jax.grad.
         (x,), (t,) = primals, tangents
         y = softmax(x, axis, op, safe)
         t = t.astype(y.dtype)
+        if _input_path(x, axis, op, safe):
+            if op == "softmax":
+                return y, grad_x.bind(t, x, axis=axis, op=op, safe=safe)
+            return y, tangent_x.bind(t, x, axis=axis, safe=safe)
         if op == "softmax":
             return y, grad.bind(t, y, axis=axis, op=op)
         return y, tangent.bind(t, y, axis=axis)

@@ -7,7 +7,11 @@ plans the call when XLA lowers it (shapes are static then), resolves each launch
 handle and grid on every device of the runtime adapter (cupy; hip-python), and passes them as the
 custom call's attributes. The scratch is a workspace result XLA allocates; the handler zeroes it
 on XLA's stream where the plan needs it zero. The gradient is the same handler over the gradient
-kernels' plan (planner_backward), with operands dy and y.
+kernels' plan (planner_backward), with operands dy and y; the gradient from the forward's input
+(kind "backward_from_input", which _jax takes where ``plan_backward_from_input`` plans it) has
+operands dy and x and one launch that reads each once. Where that plan is missing (the JVP chose x
+for a shape that vmap then batched into rows without the kernel) the call runs the forward into dx
+and the gradient from y there (a safe log_softmax, which the forward cannot serve, in jax.numpy).
 
 >>> from portable_softmax import _jax_ffi
 >>> _jax_ffi.status().startswith(("registered", "built", "not built", "not registered"))
@@ -20,6 +24,7 @@ import ctypes
 import os
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +32,8 @@ import numpy as np
 from . import _launch
 from ._dtypes import storage_name
 from ._launch import KERNEL_DIR, PACKAGE_DIR
-from .layout import describe
-from .planner import I32, I64, PTR
+from .layout import Rows, describe
+from .planner import I32, I64, PTR, DeviceProfile, Launch, Plan
 
 #: the handler as a command buffer (CUDA graph) may hold it, and the same handler outside them
 TARGET = "portable_softmax_launch"
@@ -158,9 +163,10 @@ def custom_call(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, 
                 kind: str = "forward") -> tuple[str, dict, int]:
     """(target, attributes, workspace bytes) of the custom call computing ``op`` of a C-contiguous
     array along ``axis`` (counted from the end) on every device of ``vendor``'s runtime: the forward
-    (operand x, result y) or, for ``kind="backward"``, its gradient (operands dy and y, result dx).
-    Planned on the profile of device 0: devices of another profile are left out (the handler
-    refuses them)."""
+    (operand x, result y) or, for ``kind="backward"``, its gradient (operands dy and y, result dx),
+    or for ``kind="backward_from_input"`` its gradient from the forward's input (operands dy and x,
+    result dx). Planned on the profile of device 0: devices of another profile are left out (the
+    handler refuses them)."""
     name = storage_name(dtype)
     key = (vendor, tuple(shape), name, axis, op, bool(safe), kind)
     found = _calls.get(key)
@@ -171,7 +177,10 @@ def custom_call(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, 
 
 #: where each buffer a plan names comes from: (argument kind, operand or result index)
 BUFFERS = {"forward": {"x": (OPERAND, 0), "y": (RESULT, 0)},
-           "backward": {"dy": (OPERAND, 0), "y": (OPERAND, 1), "dx": (RESULT, 0)}}
+           "backward": {"dy": (OPERAND, 0), "y": (OPERAND, 1), "dx": (RESULT, 0)},
+           "backward_from_input": {"dy": (OPERAND, 0), "x": (OPERAND, 1), "dx": (RESULT, 0)}}
+#: the kinds' op attribute (error messages name it): op plus this
+OP_SUFFIXES = {"forward": "", "backward": "_backward", "backward_from_input": "_backward_from_input"}
 
 
 def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: str, safe: bool, kind: str):
@@ -181,17 +190,21 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
     from .planner import plan
     from .planner_backward import plan_backward
 
+    if kind not in BUFFERS:
+        raise ValueError(f"unknown custom call kind {kind!r}; one of {', '.join(BUFFERS)}")
     rt = _probe.runtime(vendor)
     ndim = len(shape)
     axis = axis % ndim
-    strides, step = [0] * ndim, 1
-    for d in range(ndim - 1, -1, -1):
-        strides[d], step = step, step * shape[d]
-    layout = describe(shape, tuple(strides), axis)
+    layout = describe(shape, contiguous_strides(shape), axis)
     reference = rt.profile(0)
     # XLA's buffers are at least 16-byte aligned (the handler checks): no misaligned head
     if kind == "backward":
         the_plan = plan_backward(_problem(dtype, op, layout, layout, layout, (0, 0, 0)), reference)
+    elif kind == "backward_from_input":
+        the_plan = plan_from_input(dtype, op, safe, layout, reference)
+        if the_plan is None:
+            raise ValueError(f"no kernels compute the gradient of a safe log_softmax of {shape} from x "
+                             "(kernels_take_from_input tells; jax.numpy computes it)")
     else:
         the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), reference)
     nbytes, offsets = the_plan.scratch_layout() if the_plan.scratch else (0, {})
@@ -221,7 +234,7 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
         starts.append(len(kinds))
     cooperative = [int(s.cooperative and _launch.COOPERATIVE_LAUNCHES) for s in the_plan.launches]
     attributes = {
-        "op": op if kind == "forward" else f"{op}_backward", "axis": np.int64(axis - ndim), "safe": bool(safe),
+        "op": op + OP_SUFFIXES[kind], "axis": np.int64(axis - ndim), "safe": bool(safe),
         "zero_bytes": np.int64(nbytes if the_plan.scratch_zeroed else 0),
         "devices": _i64(devices), "functions": _i64(functions), "grids": _i64(grids),
         "blocks": _i64([s.block for s in the_plan.launches]),
@@ -232,6 +245,72 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
     # cooperative launches stay out of command buffers; plain launches and the fill are captured
     target = TARGET_UNCAPTURED if any(cooperative) else TARGET
     return target, attributes, max(1, nbytes)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element strides of a C-contiguous array of ``shape`` (XLA's default layout)."""
+    strides, step = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d], step = step, step * shape[d]
+    return tuple(strides)
+
+
+def from_input_problem(dtype: str, op: str, safe: bool, layout: Rows):
+    """The planner_backward problem of the gradient from x along contiguous rows (dy, x and dx of
+    one layout, 16-byte aligned)."""
+    from .planner_backward import GradRowProblem
+
+    stride = layout.row_stride
+    return GradRowProblem(dtype, op, layout.rows, layout.cols, (stride,) * 3, (0, 0, 0), safe=safe)
+
+
+def plan_from_input(dtype: str, op: str, safe: bool, layout, device: DeviceProfile) -> Plan | None:
+    """The plan of the gradient from the forward's input x (buffers "dy", "x", "dx"): the fused
+    kernel's where planner_backward has one, else the forward writing y into dx and the gradient
+    from y reading it there (each gradient kernel reads an element before it writes its place).
+    None for a safe log_softmax without the fused kernel: the forward kernels give its rows of all
+    -inf NaN, whose gradient safe asks to be 0 (the caller computes it in jax.numpy)."""
+    from .planner_backward import plan_backward_from_input
+
+    if isinstance(layout, Rows):
+        fused = plan_backward_from_input(from_input_problem(dtype, op, safe, layout), device)
+        if fused is not None:
+            return fused
+    if op == "log_softmax" and safe:
+        return None
+    return _forward_then_gradient(dtype, op, safe, layout, device)
+
+
+def kernels_take_from_input(vendor: str, shape: tuple[int, ...], dtype, axis: int, op: str, safe: bool) -> bool:
+    """Whether plan_from_input has kernels for this call on ``vendor``'s reference device."""
+    from . import _probe
+
+    layout = describe(tuple(shape), contiguous_strides(tuple(shape)), axis % len(shape))
+    return plan_from_input(storage_name(dtype), op, safe, layout, _probe.runtime(vendor).profile(0)) is not None
+
+
+def _forward_then_gradient(dtype: str, op: str, safe: bool, layout, device: DeviceProfile) -> Plan:
+    from ._backward import _problem
+    from .api import problem_for
+    from .planner import plan
+    from .planner_backward import plan_backward
+
+    forward = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), device)
+    backward = plan_backward(_problem(dtype, op, layout, layout, layout, (0, 0, 0)), device)
+    # y lives in dx; each plan's scratch under a name of its own, so that the two cannot share bytes
+    forward_names = {"y": "dx", **{name: f"forward_{name}" for name, _ in forward.scratch}}
+    backward_names = {"y": "dx", **{name: f"backward_{name}" for name, _ in backward.scratch}}
+    launches = (*_renamed(forward.launches, forward_names), *_renamed(backward.launches, backward_names))
+    scratch = (*((forward_names[n], b) for n, b in forward.scratch),
+               *((backward_names[n], b) for n, b in backward.scratch))
+    zeroed = any(p.scratch and p.scratch_zeroed for p in (forward, backward))
+    return Plan(backward.tier, launches, scratch, notes={"forward": forward, "backward": backward},
+                scratch_zeroed=zeroed)
+
+
+def _renamed(launches, names: dict[str, str]) -> tuple[Launch, ...]:
+    return tuple(replace(s, args=tuple((k, names.get(v, v)) if k == PTR else (k, v) for k, v in s.args))
+                 for s in launches)
 
 
 def _i64(values) -> np.ndarray:

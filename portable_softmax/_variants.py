@@ -487,6 +487,33 @@ def grad_rows_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: 
     return f"ps_bwd_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
 
+def grad_rows_from_input_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: int) -> str:
+    """The gradient from the forward's input x (and dy) of a grad_rows shape: the row's (m, d) from
+    x held in registers, then its gradient as from y (backward.cuh grad_rows)."""
+    return f"ps_bwd_from_input_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
+
+
+#: element sizes whose gradient from x is built: float32 rows ran at 89-100% of the copy from x where
+#: the forward and the gradient from y take 59-60 together; 16-bit rows from x held their widened x
+#: twice in registers and ran at 30-80, no faster than those two launches (docs/design.md)
+GRAD_FROM_INPUT_ITEMSIZES = (4, 8)
+
+
+def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[Entry]:
+    """The rows regime's gradient entries at one width: from y, and from x where a group takes one
+    row a step (the batched groups, rows of one float32 column, have no twin from x) for the element
+    sizes of GRAD_FROM_INPUT_ITEMSIZES."""
+    tag, ctype, itemsize = DTYPES[dtype]
+    out = []
+    for lanes, slots in shapes:
+        args = (tag, ctype, op, OPS[op], warp, lanes, slots, vec)
+        out.append(Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY", args))
+        if itemsize in GRAD_FROM_INPUT_ITEMSIZES and grad_rows_batch(dtype, warp, lanes, slots, vec) == 1:
+            out.append(Entry(grad_rows_from_input_name(dtype, op, warp, lanes, slots, vec),
+                             "PS_GRAD_ROWS_FROM_INPUT_ENTRY", args))
+    return out
+
+
 def grad_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_bwd_cached_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
 
@@ -541,16 +568,13 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
     for vec in vector_widths(dtype):
         for op, enum in OPS.items():
             head = (tag, ctype, op, enum, warp)
-            out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
-                          (*head, lanes, slots, vec)) for lanes, slots in grad_rows_shapes(dtype, warp, vec)]
+            out += grad_rows_entries(dtype, op, warp, vec, grad_rows_shapes(dtype, warp, vec))
             out.append(Entry(grad_cached_name(dtype, op, warp, vec), "PS_GRAD_CACHED_ENTRY",
                              (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
     for vec in grad_narrow_widths(dtype):
-        for op, enum in OPS.items():
-            out += [Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY",
-                          (tag, ctype, op, enum, warp, lanes, slots, vec))
-                    for lanes, slots in grad_narrow_shapes(dtype, warp, vec)]
+        for op in OPS:
+            out += grad_rows_entries(dtype, op, warp, vec, grad_narrow_shapes(dtype, warp, vec))
     return out
 
 

@@ -13,7 +13,7 @@ exists. Kernel names are resolved from ``_variants`` once a rule has chosen its 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
 from typing import Any
@@ -285,6 +285,37 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
         if rule.applies(tuning, problem, device, shape):
             return rule.build(tuning, problem, device, shape)
     raise AssertionError("the last rule applies to every problem")
+
+
+def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
+                             tuning: GradTuning = DEFAULT_GRAD_TUNING) -> Plan | None:
+    """The launch that computes dx from dy and the forward's input x in one read of each, where the
+    gradient's plan holds a row in registers (a group of lanes, a warp or a block a row, one row a
+    step): the kernel takes the row's max and sums from x and finishes as from y = softmax(x).
+    ``problem`` describes dy, x and dx (its y strides and misalignment are x's); the launch reads
+    buffers "dy" and "x" and writes "dx". None where no such kernel is built (16-bit rows,
+    V.GRAD_FROM_INPUT_ITEMSIZES; rows the split regimes take; rows of one float32 column, whose
+    groups take several rows a step): compute y first there.
+
+    >>> from portable_softmax.planner import DeviceProfile
+    >>> p = plan_backward_from_input(GradRowProblem("float32", "softmax", 8192, 8192), DeviceProfile.h100())
+    >>> p.regime, p.launches[0].kernel
+    ('a block a row', 'ps_bwd_from_input_rows_f32_softmax_w32_g512_s8_v4')
+    """
+    the_plan = plan_backward(problem, device, tuning)
+    if not the_plan.launches:
+        return the_plan
+    if V.DTYPES[problem.dtype][2] not in V.GRAD_FROM_INPUT_ITEMSIZES:
+        return None
+    notes = the_plan.notes
+    if the_plan.tier not in ("warp", "block") or V.grad_rows_batch(
+            problem.dtype, device.warp_size, notes["lanes"], notes["slots"], notes["vec"]) != 1:
+        return None
+    launch = the_plan.launches[0]
+    name = V.grad_rows_from_input_name(problem.dtype, problem.op, device.warp_size, notes["lanes"], notes["slots"],
+                                       notes["vec"])
+    args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
+    return replace(the_plan, launches=(replace(launch, kernel=name, args=args),))
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:

@@ -98,6 +98,23 @@ template <int OP, int WARP, typename C> PS_DEVICE GradSum<C> grad_reduce_block(G
   return part;
 }
 
+// ---- y as a gradient kernel reads it --------------------------------------------------------------
+// The forward's output itself, or computed from the forward's input x and the row's (m, d): a
+// gradient from x reads x in place of y, one read of each array (and no forward before it under
+// jax.grad). A safe log_softmax's row of all -inf gets y = -inf, which its Finish takes for the
+// constant row it is (dx = 0); a safe softmax's gets 0 from RowFinish itself.
+struct YAsStored {
+  template <typename C> PS_DEVICE C operator()(C y) const { return y; }
+};
+
+template <int OP, typename T> struct YFromInput {
+  typedef typename compute_of<T>::type C;
+  RowFinish<OP, T> forward;
+  PS_DEVICE C operator()(C x) const {
+    return OP == kLogSoftmax && forward.empty && forward.safe ? ps_neg_inf<C>() : forward.value(x);
+  }
+};
+
 // ---- one row of the three arrays as aligned slots of VEC elements ---------------------------------
 template <typename T, int VEC> struct GradRow {
   typedef typename compute_of<T>::type C;
@@ -162,7 +179,9 @@ template <typename T, int VEC> struct GradRow {
       if (inside(k, j)) acc.add(da[j], ya[j]);
     }
   }
-  template <typename F> PS_DEVICE void store(i64 k, Vec<T, VEC> a, Vec<T, VEC> b, const F& f) const {
+  // y_of: the row's y from what b holds, y itself (YAsStored) or the forward's input x (YFromInput).
+  template <typename F, typename YOf = YAsStored>
+  PS_DEVICE void store(i64 k, Vec<T, VEC> a, Vec<T, VEC> b, const F& f, const YOf& y_of = YOf()) const {
     if constexpr (sizeof(T) == 2 && sizeof(a) % 4 == 0) {  // widened anew (ps_opaque), not held since add()
       unsigned words[2][sizeof(a) / 4];
       memcpy(words[0], &a, sizeof(a));
@@ -178,6 +197,10 @@ template <typename T, int VEC> struct GradRow {
     C da[VEC], ya[VEC];
     widen(a, da);
     widen(b, ya);
+    if constexpr (!same_type<YOf, YAsStored>::value) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) ya[j] = y_of(ya[j]);
+    }
     const i64 first = k * VEC - pad;
     if (full(k)) {
       Vec<T, VEC> raw;
@@ -195,11 +218,108 @@ template <typename T, int VEC> struct GradRow {
   }
 };
 
+// ---- the gradient from the forward's input x, a row held in registers ---------------------------
+// The row's max first, then each exp(x - max) once, summed beside the gradient's sum (of dy times it
+// for softmax, of dy for log_softmax): two plain reductions and no exp in the shuffles, as the
+// forward's rows in registers take it. Rows of x all -inf sum with a shift of 0 (exp(-inf) = 0).
+template <int WARP, typename C> PS_DEVICE C max_over_block(C v) {
+  PS_SHARED C warp_max[1024 / WARP];
+  const int lane = PS_THREAD_X % WARP, warp = PS_THREAD_X / WARP, warps = PS_BLOCK_DIM_X / WARP;
+  v = max_over_lanes<WARP>(v);
+  if (lane == 0) warp_max[warp] = v;
+  PS_SYNC();
+  v = max_over_lanes<WARP>(lane < warps ? warp_max[lane] : ps_neg_inf<C>());
+  PS_SYNC();  // the scratch may be written again by the next reduction
+  return v;
+}
+
+template <typename C> struct InputSums {
+  double grad;  // sum(dy exp(x - shift)) for softmax, sum(dy) for log_softmax
+  C d;          // sum(exp(x - shift))
+};
+
+template <int WARP, typename C> PS_DEVICE InputSums<C> sums_over_block(InputSums<C> v) {
+  PS_SHARED double warp_grad[1024 / WARP];
+  PS_SHARED C warp_d[1024 / WARP];
+  const int lane = PS_THREAD_X % WARP, warp = PS_THREAD_X / WARP, warps = PS_BLOCK_DIM_X / WARP;
+  v.grad = sum_over_lanes<WARP>(v.grad);
+  v.d = sum_over_lanes<WARP>(v.d);
+  if (lane == 0) { warp_grad[warp] = v.grad; warp_d[warp] = v.d; }
+  PS_SYNC();
+  v.grad = sum_over_lanes<WARP>(lane < warps ? warp_grad[lane] : 0.0);
+  v.d = sum_over_lanes<WARP>(lane < warps ? warp_d[lane] : C(0));
+  PS_SYNC();
+  return v;
+}
+
+// From the row's held dy and x (SLOTS slots a thread): the forward's finish of x (y_of) and the
+// gradient's total, as grad_rows then takes them from y.
+template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct InputRow {
+  typedef typename compute_of<T>::type C;
+  YFromInput<OP, T> y_of;
+  GradSum<C> total;
+
+  PS_DEVICE InputRow(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy, const Vec<T, VEC>* x, bool active, int lane,
+                     bool safe) {
+    C top = ps_neg_inf<C>();
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      C v[VEC];
+      widen(x[s], v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (active && k < g.slots && g.inside(k, j)) top = ps_max_nan(top, v[j]);
+      }
+    }
+    if constexpr (GROUP > WARP) {
+      top = max_over_block<WARP>(top);
+    } else {
+      top = max_over_lanes<GROUP>(top);
+    }
+    const ExpMinus<C> exp_minus(top == ps_neg_inf<C>() ? C(0) : top);
+    InputSums<C> sums = {0.0, C(0)};
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const i64 k = lane + (i64)s * GROUP;
+      if (!active || k >= g.slots) continue;
+      C dv[VEC], v[VEC];
+      widen(dy[s], dv);
+      widen(x[s], v);
+      double part = 0.0;  // a slot's terms chain in their own double, as GradAccumulator's
+      C d = C(0);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (g.full(k) || g.inside(k, j)) {
+          const C e = exp_minus(v[j]);
+          d += e;
+          part += static_cast<double>(OP == kSoftmax ? dv[j] * e : dv[j]);
+        }
+      }
+      sums.grad += part;
+      sums.d += d;
+    }
+    if constexpr (GROUP > WARP) {
+      sums = sums_over_block<WARP>(sums);
+    } else {
+      sums.grad = sum_over_lanes<GROUP>(sums.grad);
+      sums.d = sum_over_lanes<GROUP>(sums.d);
+    }
+    y_of = YFromInput<OP, T>{RowFinish<OP, T>(MD<C>{sums.d == C(0) ? ps_neg_inf<C>() : top, sums.d}, safe)};
+    // softmax: sum(dy y) = sum(dy e) / d (0 on an empty row, whose y is 0 or NaN already); the top
+    // tells log_softmax's finish a NaN row and a safe empty one
+    total.sum = OP == kSoftmax ? (sums.d > C(0) ? sums.grad / static_cast<double>(sums.d) : 0.0) : sums.grad;
+    total.top = top != top ? top : (sums.d == C(0) ? ps_neg_inf<C>() : C(0));
+  }
+};
+
 // ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
 // Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
 // so the row is read once and written once. Groups of a warp step through rows together (a row
 // past the end takes part in the shuffles and stores nothing).
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC>
+// FROM_INPUT: y holds the forward's input x (InputRow: the row's max and sums from it, and each
+// element's y as the forward's finish of x).
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false>
 PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
   typedef typename compute_of<T>::type C;
   constexpr bool kBlock = GROUP > WARP;
@@ -216,6 +336,16 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
       if (active && k < g.slots) g.load(k, a[s], b[s]);
+    }
+    if constexpr (FROM_INPUT) {
+      const InputRow<OP, WARP, GROUP, SLOTS, T, VEC> in(g, a, b, active, lane, safe != 0);
+      const typename Backward<OP>::template Finish<C> f(in.total, safe != 0);
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = lane + (i64)s * GROUP;
+        if (active && k < g.slots) g.store(k, a[s], b[s], f, in.y_of);
+      }
+      continue;
     }
     GradAccumulator<OP, C> acc;
 #pragma unroll
@@ -630,6 +760,17 @@ const int kGradStreamThreads = 256;       // the two-pass split
     }                                                                                                    \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
+
+// The gradient from the forward's input x: the same shapes, one row a step.
+#define PS_GRAD_ROWS_FROM_INPUT_ENTRY(DT, T, OPN, OP, W, G, S, V)                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
+                                      (G > 512 ? 1 : 512 / (G > W ? G : ps::kGradRowsThreads)))          \
+      ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                                   \
+          const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs,           \
+          ps::i64 dxs, int safe) {                                                                       \
+    ps::grad_rows<T, OP, W, G, S, V, true>(dy, x, dx, rows, cols, dys, xs, dxs, safe);                   \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
 #define PS_GRAD_CACHED_ENTRY(DT, T, OPN, OP, W, S, V)                                                    \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \

@@ -29,6 +29,7 @@ from portable_softmax.planner_backward import (
     GradStridedProblem,
     GradTuning,
     plan_backward,
+    plan_backward_from_input,
 )
 
 WARPS = V.WARP_SIZES
@@ -301,6 +302,77 @@ def test_nan_and_empty_rows(runtime, rng):
                 assert (got[0] == 0).all()
 
 
+# ---- the gradient from the forward's input x ----------------------------------------------------------
+def gradient_from_input_reference(dy: np.ndarray, x: np.ndarray, op: str, safe: bool = False) -> np.ndarray:
+    """float64 dx from dy and x along the last axis (y = softmax / log_softmax of x in float64)."""
+    w = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = ps.reference.softmax(w, 1) if op == "softmax" else ps.reference.log_softmax(w, 1)
+    empty = np.isneginf(w).all(axis=1, keepdims=True)
+    if safe:  # the forward's safe rows: 0 (softmax), -inf (log_softmax: its Finish's constant row)
+        y = np.where(empty, 0.0 if op == "softmax" else -np.inf, y)
+    dx = gradient_reference(dy, y, 1, op)
+    return np.where(empty & ~np.isnan(w).any(axis=1, keepdims=True), 0.0 if safe else np.nan, dx)
+
+
+def run_from_input(runtime, dy, x, the_plan, offsets=(0, 0, 0)):
+    return runtime._run(the_plan, {"dy": (dy, offsets[0]), "x": (x, offsets[1])}, ("dx", offsets[2]))
+
+
+#: rows the rows regime takes (groups of lanes of every slot width, a warp, a block), and rows it does not
+FROM_INPUT_SHAPES = [(40, 3), (40, 8), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 6000), (40, 1)]
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offset):
+    """dx from dy and x in one read of each (the row's max and sums from the held x, then the gradient
+    as from y), in every shape of the rows regime; None where it takes no row a step (the split
+    regimes, and float32 rows of one column, whose groups take several rows a step) and for 16-bit
+    rows (V.GRAD_FROM_INPUT_ITEMSIZES)."""
+    tiers = set()
+    for rows, cols in [*FROM_INPUT_SHAPES, (1, 20000), (2, 100000)]:
+        problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
+        the_plan = plan_backward_from_input(problem, runtime.profile(0))
+        tier = plan_backward(problem, runtime.profile(0)).tier
+        if the_plan is None:
+            assert (tier in ("cached", "split") or (cols == 1 and dtype == "float32")
+                    or V.DTYPES[dtype][2] not in V.GRAD_FROM_INPUT_ITEMSIZES), (problem, tier)
+            continue
+        tiers.add(the_plan.tier)
+        assert the_plan.launches[0].kernel.startswith("ps_bwd_from_input_rows_"), the_plan
+        x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
+        dy = rng.standard_normal((rows, cols)).astype(x.dtype)
+        got = run_from_input(runtime, dy, x, the_plan, (offset,) * 3)
+        ref = gradient_from_input_reference(dy, x, op)
+        bad = _tolerance.outside(got, ref)
+        assert not bad.any(), (f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}: {int(bad.sum())} outside, "
+                               f"e.g. got {got[bad][:3]} want {ref[bad][:3]}")
+    assert tiers == ({"warp", "block"} if V.DTYPES[dtype][2] in V.GRAD_FROM_INPUT_ITEMSIZES else set())
+
+
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe):
+    """NaN in x or dy makes its row NaN; a row of x all -inf gets 0 when safe, NaN otherwise; +inf
+    in x gives NaN (as the forward does). Groups, a warp and a block a row."""
+    for rows, cols in [(40, 3), (9, 130), (5, 1000), (6, 3000)]:
+        x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+        dy = rng.standard_normal((rows, cols)).astype(np.float32)
+        x[0, cols // 2] = np.nan
+        dy[1, cols - 1] = np.nan
+        x[2] = -np.inf
+        x[3, 0] = np.inf
+        x[4, : cols - 1] = -np.inf  # one value above -inf: y is one-hot, dx from it alone
+        the_plan = plan_backward_from_input(GradRowProblem("float32", op, rows, cols, safe=safe), runtime.profile(0))
+        got = run_from_input(runtime, dy, x, the_plan)
+        assert np.isnan(got[[0, 1, 3]]).all(), (rows, cols, the_plan.tier)
+        assert (got[2] == 0).all() if safe else np.isnan(got[2]).all(), (rows, cols, the_plan.tier)
+        ref = gradient_from_input_reference(dy, x, op, safe)
+        assert not _tolerance.outside(got[4:], ref[4:]).any(), (rows, cols, the_plan.tier, got[4, -3:], ref[4, -3:])
+
+
 def long_rows_with_a_cancelling_element(rng, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """log_softmax outputs with one probability of 1/2 a row, and dy of +-10 (summing to a few
     units) whose element at that place nearly cancels exp(y) * sum(dy): dx there is about 0.005."""
@@ -401,13 +473,16 @@ def _witness_problems(dtype: str):
 @pytest.mark.parametrize("backend", BUILT_PROFILES)
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
-    """Every gradient kernel a backend's build carries is planned for some shape on one of its
-    profiles, and every plan names one it carries."""
+    """Every gradient kernel a backend's build carries (from y, and from x) is planned for some shape
+    on one of its profiles, and every plan names one it carries."""
     built = V.backward_catalogue(dtype, backend)
     planned = set()
     for device in BUILT_PROFILES[backend]:
         for problem in _witness_problems(dtype):
-            names = {launch.kernel for launch in plan_backward(problem, device).launches}
+            plans = [plan_backward(problem, device)]
+            if isinstance(problem, GradRowProblem):  # and dx from x, where a row is held in registers
+                plans.append(plan_backward_from_input(problem, device))
+            names = {launch.kernel for p in plans if p is not None for launch in p.launches}
             assert names <= built, (device.name, problem, names - built)
             planned |= names
     assert built == planned, f"built for {backend}, planned on no profile: {sorted(built - planned)}"

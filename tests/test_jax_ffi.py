@@ -2,14 +2,17 @@
 
 Without a GPU: the StableHLO lowered for cuda and rocm holds the custom call with the plan as its
 attributes (planned on a stand-in runtime with an H100's profile), the CPU lowering holds no callback
-and matches jax.nn in values, gradients and vmap, and the handler compiles against the local jaxlib
-headers. On a GPU (``pytest -m gpu tests/test_jax_ffi.py``): values against the float64 reference,
-gradients against jax.nn, vmap, a jitted two-layer model, eager arrays through the compiled call,
-and the compiled HLO holding the custom call and no host callback.
+and matches jax.nn in values, gradients and vmap, the gradient from the forward's input x (its
+jax.numpy formula, its transposes and derivatives, and the choice of it) matches jax.nn and a float64
+reference, and the handler compiles against the local jaxlib headers. On a GPU (``pytest -m gpu
+tests/test_jax_ffi.py``): values against the float64 reference, gradients against jax.nn, vmap, a
+jitted two-layer model, eager arrays through the compiled call, and the compiled HLO holding the
+custom call (one under jax.grad where the gradient from x is planned) and no host callback.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -19,20 +22,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checks import assert_matches, random_input
+from checks import assert_matches, gradient_reference, random_input
 
 import portable_softmax as ps
 from portable_softmax import _jax, _jax_ffi, _probe
 from portable_softmax.api import problem_for
 from portable_softmax.layout import describe
 from portable_softmax.planner import DeviceProfile, one_wave, plan
-from portable_softmax.planner_backward import GradRowProblem, plan_backward
+from portable_softmax.planner_backward import GradRowProblem, plan_backward, plan_backward_from_input
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
 jnp = jax.numpy
 
 REPO = Path(__file__).resolve().parents[1]
 OPS = ("softmax", "log_softmax")
+#: where values of the lowering tests run: their stand-in runtime's kernels exist on no device
+CPU = jax.devices("cpu")[0]
 
 
 # ---- CPU: jax.numpy, no callback --------------------------------------------------------------
@@ -82,6 +87,170 @@ def test_cpu_grads_vmap_and_jvp_match_jax_nn(op):
     np.testing.assert_allclose(tangent, ref_tangent, atol=1e-5, rtol=1e-5)
 
 
+# ---- the gradient from the forward's input x (jax.numpy on CPU) ------------------------------------
+@pytest.fixture
+def input_path(monkeypatch):
+    """Every gradient along the last axis through the primitives from x, whatever the GPU (on CPU they
+    lower to their jax.numpy formulas)."""
+    monkeypatch.setattr(_jax, "_input_path", lambda x, axis, op, safe: axis == -1)
+
+
+def _uses_input_path(f, *args) -> bool:
+    text = str(jax.make_jaxpr(f)(*args))
+    uses_x = "portable_softmax_grad_from_input" in text or "portable_softmax_log_tangent_from_input" in text
+    uses_y = re.search(r"portable_softmax_(grad|log_tangent)\[", text) is not None
+    assert uses_x != uses_y, text
+    return uses_x
+
+
+def _f64_softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(4, 33), (3, 5, 257), (7, 1), (1, 2), (2, 1024)])
+def test_the_gradient_from_input_formula_matches_a_float64_reference(rng, op, safe, dtype, shape):
+    x, dy = random_input(rng, shape, dtype), random_input(rng, shape, dtype, scale=1.0)
+    wide_x, wide_dy = x.astype(np.float64), dy.astype(np.float64)
+    p = _f64_softmax(wide_x)
+    if op == "softmax":
+        ref = p * (wide_dy - (wide_dy * p).sum(axis=-1, keepdims=True))
+    else:
+        ref = wide_dy - p * wide_dy.sum(axis=-1, keepdims=True)
+    dx = _jax.grad_from_input_jnp(jnp.asarray(dy), jnp.asarray(x), axis=-1, op=op, safe=safe)
+    tangent = _jax.log_tangent_from_input_jnp(jnp.asarray(dy), jnp.asarray(x), axis=-1, safe=safe)
+    tangent_ref = wide_dy - (wide_dy * p).sum(axis=-1, keepdims=True)
+    assert dx.dtype == tangent.dtype == jnp.dtype(dtype)
+    tol = 1e-5 if dtype == "float32" else 2e-2  # bfloat16: its output's rounding
+    scale = 1 + np.abs(wide_dy).sum(axis=-1, keepdims=True)
+    for got, want in ((dx, ref), (tangent, tangent_ref)):
+        error = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - want)
+        assert (error <= tol * scale).all(), f"{op} {dtype} safe={safe}: off by {(error / scale).max():.3g}"
+
+
+def test_the_gradient_from_input_formula_on_special_rows():
+    """A row of x all -inf: dx = 0 with safe (both ops), NaN without; NaN in x or dy: the row is NaN."""
+    x = jnp.array([[-jnp.inf, -jnp.inf, -jnp.inf], [jnp.nan, 0.0, 1.0], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0]])
+    dy = jnp.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [jnp.nan, 1.0, 1.0], [1.0, -1.0, 0.5]])
+    for op in OPS:
+        for safe in (False, True):
+            for dx in (_jax.grad_from_input_jnp(dy, x, axis=-1, op=op, safe=safe),
+                       _jax.log_tangent_from_input_jnp(dy, x, axis=-1, safe=safe)):
+                dx = np.asarray(dx)
+                assert (dx[0] == 0).all() if safe else np.isnan(dx[0]).all(), (op, safe, dx)
+                assert np.isnan(dx[1:3]).all() and np.isfinite(dx[3]).all(), (op, safe, dx)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 7, 33), (6, 1), (1, 3), (2, 257)])
+@pytest.mark.usefixtures("input_path")
+def test_grad_and_vjp_from_input_match_jax_nn(op, safe, dtype, shape):
+    ours = functools.partial(getattr(ps, op), safe=safe)
+    theirs = getattr(jax.nn, op)
+    x = (3 * jax.random.normal(jax.random.key(11), shape)).astype(dtype)
+    w = jax.random.normal(jax.random.key(12), shape).astype(dtype)
+    wide = x.astype(jnp.float32)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == "float32" else dict(atol=3e-2, rtol=3e-2)
+    loss = jax.grad(lambda t: (ours(t).astype(jnp.float32) * w.astype(jnp.float32)).sum())
+    assert _uses_input_path(loss, x)
+    g = jax.jit(loss)(x)
+    ref = jax.grad(lambda t: (theirs(t) * w.astype(jnp.float32)).sum())(wide)
+    assert g.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(g, np.float32), ref, **tol)
+    y, pullback = jax.vjp(ours, x)
+    ref_y, ref_pullback = jax.vjp(theirs, wide)
+    np.testing.assert_allclose(np.asarray(y, np.float32), ref_y, **tol)
+    np.testing.assert_allclose(np.asarray(pullback(w)[0], np.float32), ref_pullback(w.astype(jnp.float32))[0], **tol)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.usefixtures("input_path")
+def test_vmap_jvp_and_second_order_from_input_match_jax_nn(op):
+    ours, theirs = getattr(ps, op), getattr(jax.nn, op)
+    x = 3 * jax.random.normal(jax.random.key(13), (4, 3, 9))
+    w = jax.random.normal(jax.random.key(14), (4, 3, 9))
+    tol = dict(atol=1e-5, rtol=1e-5)
+    assert _uses_input_path(jax.grad(lambda t: (ours(t) * w[0]).sum()), x[0])
+    # vmap outside and inside the gradient, with the batch in front or not
+    per_item = jax.vmap(jax.grad(lambda t, v: (ours(t) * v).sum()))(x, w)
+    ref = jax.vmap(jax.grad(lambda t, v: (theirs(t) * v).sum()))(x, w)
+    np.testing.assert_allclose(jax.jit(lambda a: per_item)(x), ref, **tol)
+    moved = jax.jit(jax.grad(lambda t: (jax.vmap(ours, in_axes=1, out_axes=1)(t) * w).sum()))(x)
+    np.testing.assert_allclose(moved, jax.grad(lambda t: (theirs(t) * w).sum())(x), **tol)
+    _, tangent = jax.jit(lambda a, b: jax.jvp(ours, (a,), (b,)))(x, w)
+    _, ref_tangent = jax.jvp(theirs, (x,), (w,))
+    np.testing.assert_allclose(tangent, ref_tangent, **tol)
+    small, weights = x[0, 0, :5], w[0, 0, :5]
+    np.testing.assert_allclose(jax.hessian(lambda t: (ours(t) * weights).sum())(small),
+                               jax.hessian(lambda t: (theirs(t) * weights).sum())(small), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(jax.jit(jax.hessian(lambda t: (ours(t) * w[0, :2, :4]).sum()))(x[0, :2, :4]),
+                               jax.hessian(lambda t: (theirs(t) * w[0, :2, :4]).sum())(x[0, :2, :4]),
+                               atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(jax.jacfwd(ours)(small), jax.jacfwd(theirs)(small), **tol)
+    np.testing.assert_allclose(jax.jacrev(ours)(small), jax.jacrev(theirs)(small), **tol)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.usefixtures("input_path")
+def test_grad_from_input_keeps_the_semantics_of_special_rows(op):
+    rows = jnp.array([[-jnp.inf, -jnp.inf], [0.0, 1.0]])
+    safe = jax.grad(lambda t: (getattr(ps, op)(t, safe=True) * jnp.array([1.0, 2.0])).sum())(rows)
+    assert safe[0].tolist() == [0.0, 0.0] and np.isfinite(safe[1]).all()
+    unsafe = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.array([1.0, 2.0])).sum())(rows)
+    assert np.isnan(unsafe[0]).all() and np.isfinite(unsafe[1]).all()
+
+
+# ---- the choice of x or y ---------------------------------------------------------------------------
+def test_the_choice_of_the_gradient_from_input():
+    h100 = DeviceProfile.h100()
+    assert _jax.takes_input_path((8192, 8192), "float32", -1, "softmax", False, h100)
+    assert _jax.takes_input_path((8192, 8192), jnp.float32, -1, "log_softmax", False, h100)
+    assert _jax.takes_input_path((8192, 8192), "float32", 1, "softmax", True, h100), "axis 1 of 2 is the last"
+    assert not _jax.takes_input_path((4, 200_000), "float32", -1, "softmax", False, h100), "a split row"
+    assert _jax.takes_input_path((8192, 8192), "float32", -1, "log_softmax", True, h100), "safe log_softmax"
+    assert not _jax.takes_input_path((8192, 8192), "float32", -2, "softmax", False, h100), "not the last axis"
+    assert not _jax.takes_input_path((8192, 8192), "float32", 0, "softmax", False, h100), "not the last axis"
+    assert not _jax.takes_input_path((5, 1), "float32", -1, "softmax", False, h100), "rows of one float32"
+    assert _jax.takes_input_path((64, 1000), "float32", -1, "log_softmax", False, DeviceProfile.mi300x())
+    assert not _jax.takes_input_path((64, 1000), "bfloat16", -1, "log_softmax", False, h100), "16-bit: from y"
+
+
+def test_the_choice_is_made_once_per_shape_on_the_runtime_profile(stand_in, monkeypatch):
+    asked = []
+    real = _jax.takes_input_path
+    monkeypatch.setattr(_jax, "takes_input_path", lambda *a: asked.append(a) or real(*a))
+    x = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    assert _jax._input_path(x, -1, "softmax", False) and _jax._input_path(x, -1, "softmax", False)
+    assert asked == [((16, 128), jnp.dtype(jnp.float32), -1, "softmax", False, DeviceProfile.h100())]
+    assert not _jax._input_path(x, 0, "log_softmax", True) and len(asked) == 2  # not the last axis
+
+
+def test_without_a_gpu_the_gradient_keeps_y(monkeypatch):
+    def no_runtime(vendor):
+        raise AssertionError("no runtime is opened for a CPU")
+
+    monkeypatch.setattr(_jax, "gpu_vendor", lambda: None)
+    monkeypatch.setattr(_probe, "runtime", no_runtime)
+    x = jnp.ones((16, 128))
+    assert not _uses_input_path(jax.grad(lambda t: ps.log_softmax(t).sum()), x)
+    assert _jax.gpu_vendor is not None and _jax_ffi.vendor_of(jax.devices("cpu")[0]) is None
+
+
+def test_a_gpu_runtime_that_does_not_open_keeps_y(monkeypatch):
+    def unavailable(vendor):
+        raise _probe.BackendUnavailableError("no driver")
+
+    monkeypatch.setattr(_jax, "gpu_vendor", lambda: "cuda")
+    monkeypatch.setattr(_jax, "_input_paths", {})
+    monkeypatch.setattr(_probe, "runtime", unavailable)
+    assert not _uses_input_path(jax.grad(lambda t: ps.softmax(t).sum()), jnp.ones((16, 128)))
+
+
 def test_bad_dtype_and_axis_fail_at_trace_time_with_the_eager_errors():
     with pytest.raises(TypeError) as eager:
         ps.softmax(np.ones(3, np.int32))
@@ -119,12 +288,15 @@ class StandInRuntime:
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """Lowering for cuda / rocm with a stand-in runtime (an H100's profile, two devices) and the
-    targets taken as registered."""
+    """Lowering for cuda / rocm with a stand-in runtime (an H100's profile, two devices), the targets
+    taken as registered, and the stand-in as the GPU JAX compiles for (the gradient's choice of x or
+    y asks for its profile)."""
     rt = StandInRuntime(DeviceProfile.h100())
     monkeypatch.setattr(_probe, "runtime", lambda vendor: rt)
     monkeypatch.setattr(_jax_ffi, "register", lambda vendor: None)
     monkeypatch.setattr(_jax_ffi, "_calls", {})
+    monkeypatch.setattr(_jax, "gpu_vendor", lambda: "cuda")
+    monkeypatch.setattr(_jax, "_input_paths", {})
     return rt
 
 
@@ -187,24 +359,139 @@ def test_lowering_for_cuda_and_cpu_at_once_holds_both(stand_in):
     assert f"@{_jax_ffi.TARGET}(" in text and "stablehlo.exponential" in text
 
 
+def _calls(text: str) -> list[str]:
+    return [line for line in text.splitlines() if f"custom_call @{_jax_ffi.TARGET}(" in line]
+
+
+def _kernels(rt: StandInRuntime, line: str) -> list[str]:
+    """The kernels a custom call launches on device 0, by the stand-in's handles in its attributes."""
+    names = {handle: name for (device, name), handle in rt.handles.items() if device == 0}
+    return [names[f] for f in _attribute(line, "functions") if f in names]
+
+
 @pytest.mark.parametrize("op", OPS)
-def test_grad_lowers_to_the_forward_and_the_gradient_kernels(stand_in, op):
-    """Reverse mode: the forward's custom call, then the gradient's (operands dy and y), planned by
-    planner_backward; forward mode keeps the same gradient call for softmax (its Jacobian is symmetric)."""
-    loss = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.cos(jnp.arange(128.0))).sum())
-    text = _lowered(loss, (16, 128), jnp.float32, ("cuda",))
-    calls = [line for line in text.splitlines() if f"custom_call @{_jax_ffi.TARGET}(" in line]
+def test_grad_of_a_long_row_lowers_to_the_forward_and_the_gradient_kernels(stand_in, op):
+    """Reverse mode where no kernel of the gradient from x is planned (a row split across blocks):
+    the forward's custom call, then the gradient's (operands dy and y), planned by planner_backward."""
+    shape = (4, 200_000)
+    loss = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.cos(jnp.arange(shape[1], dtype=jnp.float32))).sum())
+    text = _lowered(loss, shape, jnp.float32, ("cuda",))
+    calls = _calls(text)
     assert len(calls) == 2, calls
     backward = next(line for line in calls if f'op = "{op}_backward"' in line)
-    assert "(tensor<16x128xf32>, tensor<16x128xf32>) -> (tensor<16x128xf32>" in backward
-    strides = (128, 128, 128)
-    expected = plan_backward(GradRowProblem("float32", op, 16, 128, strides, (0, 0, 0), safe=True),
-                             DeviceProfile.h100())
+    assert "(tensor<4x200000xf32>, tensor<4x200000xf32>) -> (tensor<4x200000xf32>" in backward
+    strides = (shape[1],) * 3
+    problem = GradRowProblem("float32", op, *shape, strides, (0, 0, 0), safe=True)
+    assert plan_backward_from_input(problem, DeviceProfile.h100()) is None
+    expected = plan_backward(problem, DeviceProfile.h100())
     assert _attribute(backward, "blocks") == [s.block for s in expected.launches]
+    assert _kernels(stand_in, backward) == [s.kernel for s in expected.launches]
     kinds = _attribute(backward, "arg_kinds")
     assert kinds.count(_jax_ffi.OPERAND) == 2 * len(expected.launches) and _jax_ffi.RESULT in kinds
-    cpu = _cpu_text(loss, jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    cpu = _cpu_text(loss, jax.ShapeDtypeStruct(shape, jnp.float32))
     assert "custom_call" not in cpu and "callback" not in cpu
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape, dtype", [((16, 128), "float32"), ((6, 40, 257), "float32"), ((4, 33), "float32")])
+def test_grad_from_input_lowers_to_one_custom_call(stand_in, op, shape, dtype):
+    """Where a kernel of the gradient from x is planned, jax.grad keeps x, not y: the forward's call
+    is left unused and dropped, and one call reads dy and x (operands 0 and 1) and writes dx."""
+    w = jnp.cos(jnp.arange(shape[-1], dtype=jnp.float32)).astype(dtype)
+    loss = jax.grad(lambda t: (getattr(ps, op)(t) * w).sum())
+    text = _lowered(loss, shape, jnp.dtype(dtype), ("cuda",))
+    calls = _calls(text)
+    assert len(calls) == 1, calls
+    assert f'op = "{op}_backward_from_input"' in calls[0]
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    expected = plan_backward_from_input(GradRowProblem(dtype, op, rows, cols, (cols,) * 3, (0, 0, 0)),
+                                        DeviceProfile.h100())
+    kernels = _kernels(stand_in, calls[0])
+    assert kernels == [expected.launches[0].kernel] and kernels[0].startswith("ps_bwd_from_input_rows_")
+    pointers = [(k, v) for k, v in zip(_attribute(calls[0], "arg_kinds"), _attribute(calls[0], "arg_values"))
+                if k in (_jax_ffi.OPERAND, _jax_ffi.RESULT)]
+    assert pointers == [(_jax_ffi.OPERAND, 0), (_jax_ffi.OPERAND, 1), (_jax_ffi.RESULT, 0)]
+    assert _attribute(calls[0], "devices") == [0, 1] and len(_attribute(calls[0], "functions")) == 2
+
+
+@pytest.mark.parametrize("op, safe, axis", [("softmax", False, 0), ("log_softmax", False, 0)])
+def test_grad_keeps_y_for_a_non_last_axis(stand_in, op, safe, axis):
+    loss = jax.grad(lambda t: (getattr(ps, op)(t, axis=axis, safe=safe) * jnp.cos(t)).sum())
+    calls = _calls(_lowered(loss, (64, 128), jnp.float32, ("cuda",)))
+    assert len(calls) == 2 and any(f'op = "{op}_backward"' in line for line in calls), calls
+
+
+def test_forward_mode_takes_the_gradient_from_input_too(stand_in):
+    """jax.jvp of softmax: y from the forward, the tangent from t and x (the Jacobian is symmetric)."""
+    text = jax.jit(lambda a, b: jax.jvp(ps.softmax, (a,), (b,))).trace(
+        *[jax.ShapeDtypeStruct((16, 128), jnp.float32)] * 2).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _calls(text)
+    assert len(calls) == 2 and any('op = "softmax_backward_from_input"' in line for line in calls), calls
+
+
+def test_a_gradient_from_input_without_its_kernel_runs_the_forward_into_dx_then_the_gradient(stand_in):
+    """The lowering's safety net: where the JVP chose x for a shape whose lowered shape has no fused
+    kernel (here vmap: per element one row of one column, which has one; five such rows have not), one
+    call runs the forward into dx and the gradient from y there, with values as jax.nn's."""
+    loss = jax.vmap(jax.grad(lambda t: (ps.softmax(t) * jnp.float32(2.0)).sum()))
+    assert _jax.takes_input_path((1, 1), "float32", -1, "softmax", False, DeviceProfile.h100())
+    assert not _jax.takes_input_path((5, 1), "float32", -1, "softmax", False, DeviceProfile.h100())
+    calls = _calls(_lowered(loss, (5, 1, 1), jnp.float32, ("cuda",)))
+    assert len(calls) == 1 and 'op = "softmax_backward_from_input"' in calls[0], calls
+    layout = describe((5, 1), (1, 1), 1)
+    forward = plan(problem_for("float32", "softmax", False, layout, layout, 0, 0), DeviceProfile.h100())
+    backward = plan_backward(GradRowProblem("float32", "softmax", 5, 1, (1, 1, 1), (0, 0, 0), safe=True),
+                             DeviceProfile.h100())
+    assert _kernels(stand_in, calls[0]) == [s.kernel for s in (*forward.launches, *backward.launches)]
+    x = jax.device_put(jnp.arange(5.0).reshape(5, 1, 1), CPU)  # the stand-in's kernels run nowhere
+    ref = jax.vmap(jax.grad(lambda t: (jax.nn.softmax(t) * 2.0).sum()))(x)
+    np.testing.assert_allclose(jax.jit(loss)(x), ref, atol=1e-6)
+
+
+def test_a_safe_log_softmax_without_its_kernel_takes_the_gradient_from_input_in_jax_numpy(stand_in):
+    """Where the fused kernel is missing for a safe log_softmax (vmap batched one-column rows), the
+    gradient from x is XLA's jax.numpy (no custom call: the forward's is dropped), its rows of all
+    -inf zero."""
+    loss = jax.vmap(jax.grad(lambda t: (ps.log_softmax(t, safe=True) * jnp.float32(2.0)).sum()))
+    assert _jax.takes_input_path((1, 1), "float32", -1, "log_softmax", True, DeviceProfile.h100())
+    assert _calls(_lowered(loss, (5, 1, 1), jnp.float32, ("cuda",))) == []
+    x = jax.device_put(jnp.arange(5.0).reshape(5, 1, 1).at[2].set(-jnp.inf), CPU)
+    got = jax.jit(loss)(x)
+    assert got[2].tolist() == [[0.0]]
+    np.testing.assert_allclose(np.delete(np.asarray(got), 2, 0), np.zeros((4, 1, 1)), atol=1e-6)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_forward_then_gradient_plan_keeps_its_buffers_apart(op):
+    """The safety net's plan: the forward writes y into dx and the gradient reads it there; each plan's
+    scratch under its own name (both of a long row's plans name theirs alike), zeroed where either
+    plan needs it; none for a safe log_softmax, whose forward gives its rows of all -inf NaN."""
+    shape = (4, 200_000)
+    layout = describe(shape, _jax_ffi.contiguous_strides(shape), 1)
+    combined = _jax_ffi.plan_from_input("float32", op, False, layout, DeviceProfile.h100())
+    forward, backward = combined.notes["forward"], combined.notes["backward"]
+    assert [s.kernel for s in combined.launches] == [s.kernel for s in (*forward.launches, *backward.launches)]
+    assert [n for n, _ in combined.scratch] == [f"forward_{n}" for n, _ in forward.scratch] + \
+        [f"backward_{n}" for n, _ in backward.scratch]
+    assert len({n for n, _ in combined.scratch}) == len(combined.scratch)
+    assert combined.scratch_zeroed == any(p.scratch and p.scratch_zeroed for p in (forward, backward))
+    pointers = {v for s in combined.launches for k, v in s.args if k == "ptr"}
+    assert pointers == {"x", "dy", "dx", *(n for n, _ in combined.scratch)}, "y lives in dx"
+    assert _jax_ffi.plan_from_input("float32", "log_softmax", True, layout, DeviceProfile.h100()) is None
+    fused = _jax_ffi.plan_from_input("float32", op, False, describe((64, 128), (128, 1), 1), DeviceProfile.h100())
+    assert [s.kernel.startswith("ps_bwd_from_input_rows_") for s in fused.launches] == [True]
+
+
+def test_the_custom_call_of_the_forward_then_gradient_zeroes_both_scratch_buffers(stand_in):
+    target, attributes, workspace = _jax_ffi.custom_call("cuda", (4, 200_000), "float32", -1, "softmax", False,
+                                                         "backward_from_input")
+    layout = describe((4, 200_000), (200_000, 1), 1)
+    combined = _jax_ffi.plan_from_input("float32", "softmax", False, layout, DeviceProfile.h100())
+    nbytes, _ = combined.scratch_layout()
+    assert workspace == nbytes and attributes["zero_bytes"] == (nbytes if combined.scratch_zeroed else 0)
+    assert attributes["op"] == "softmax_backward_from_input"
+    assert len(attributes["cooperative"]) == len(combined.launches) == 2
+    assert target == (_jax_ffi.TARGET_UNCAPTURED if attributes["cooperative"].any() else _jax_ffi.TARGET)
 
 
 def test_vmap_lowers_to_the_custom_call_with_rows_folded(stand_in):
@@ -456,6 +743,37 @@ def test_gpu_grads_vmap_and_jvp_match_jax_nn(op):
     np.testing.assert_allclose(np.asarray(tangent), np.asarray(ref_tangent), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(4, 33), (512, 4096), (6, 40, 257), (3, 1), (4, 200_000)])
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_grads_from_input_match_jax_nn_in_one_call(op, safe, dtype, shape):
+    """jax.grad where the gradient from x is planned: one custom call in the compiled program (the
+    forward's dropped), values as jax.nn's; elsewhere (a split row, rows of one float32 column, a safe
+    log_softmax) the forward's call and the gradient's from y."""
+    x = _on_gpu((3 * jax.random.normal(jax.random.key(21), shape)).astype(dtype))
+    w = _on_gpu(jax.random.normal(jax.random.key(22), shape).astype(dtype))
+    ours = jax.jit(jax.grad(lambda t: (getattr(ps, op)(t, safe=safe) * w).sum()))
+    theirs = jax.jit(jax.grad(lambda t: (getattr(jax.nn, op)(t) * w.astype(jnp.float32)).sum()))
+    g, ref = ours(x), theirs(x.astype(jnp.float32))
+    assert g.dtype == jnp.dtype(dtype)
+    profile = _probe.runtime(_jax_ffi.vendor_of(GPU)).profile(0)
+    fused = _jax.takes_input_path(shape, dtype, -1, op, safe, profile)
+    if not fused and dtype != "float32":  # from the stored 16-bit y, whose rounding reaches exp(y) sum(dy)
+        y = np.asarray(getattr(jax.nn, op)(x.astype(jnp.float32), axis=-1).astype(dtype))
+        ref = gradient_reference(np.asarray(w), y, -1, op)
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == "float32" else dict(atol=3e-2, rtol=3e-2)
+    np.testing.assert_allclose(np.asarray(g.astype(jnp.float32)), np.asarray(ref), **tol)
+    text = ours.lower(x).compile().as_text()
+    assert text.count('custom_call_target="portable_softmax_launch') == (1 if fused else 2), text[:2000]
+    safe_rows = _on_gpu(jnp.full((2, shape[-1]), -jnp.inf, dtype))
+    if safe:
+        assert (np.asarray(jax.jit(jax.grad(lambda t: getattr(ps, op)(t, safe=True).sum()))(safe_rows)) == 0).all()
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.usefixtures("registered")
@@ -502,7 +820,9 @@ def test_gpu_eager_arrays_take_the_compiled_call(rng):
 @pytest.mark.usefixtures("registered")
 def test_gpu_compiled_hlo_holds_the_custom_call_and_no_callback():
     x = _on_gpu(jnp.ones((512, 4096), jnp.float32))
-    for f, calls in ((ps.softmax, 1), (ps.log_softmax, 1), (jax.grad(lambda t: ps.log_softmax(t).sum()), 2)):
+    profile = _probe.runtime(_jax_ffi.vendor_of(GPU)).profile(0)
+    grad_calls = 1 if _jax.takes_input_path(x.shape, "float32", -1, "log_softmax", False, profile) else 2
+    for f, calls in ((ps.softmax, 1), (ps.log_softmax, 1), (jax.grad(lambda t: ps.log_softmax(t).sum()), grad_calls)):
         text = jax.jit(f).lower(x).compile().as_text()
         assert text.count('custom_call_target="portable_softmax_launch"') == calls, text[:2000]
         targets = set(re.findall(r'custom_call_target="([^"]+)"', text))
