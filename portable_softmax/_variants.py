@@ -493,9 +493,9 @@ def grad_rows_from_input_name(dtype: str, op: str, warp: int, lanes: int, slots:
     return f"ps_bwd_from_input_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
 
-#: element sizes whose gradient from x is built: float32 rows ran at 89-100% of the copy from x where
-#: the forward and the gradient from y take 59-60 together; 16-bit rows from x held their widened x
-#: twice in registers and ran at 30-80, no faster than those two launches (docs/design.md)
+#: element sizes whose gradient from x is built: float32 rows ran at 89-101% of the copy from x where
+#: the forward and the gradient from y take 52-61 together; 16-bit rows ran at 30-80, mostly below
+#: those two launches (docs/design.md)
 GRAD_FROM_INPUT_ITEMSIZES = (4, 8)
 
 
