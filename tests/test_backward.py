@@ -429,12 +429,20 @@ def test_a_32_lane_assumption_fails_at_warp_64_only(tmp_path, rng, mutation):
         for rows, cols in [(9, 130), (5, 1000), (7, 3000), (3, 12000)]:
             y = forward_output(rng, (rows, cols), 1, "softmax", "float32")
             dy = rng.standard_normal((rows, cols)).astype(np.float32)
-            the_plan = plan_backward(GradRowProblem("float32", "softmax", rows, cols), runtime.profile(0))
+            problem = GradRowProblem("float32", "softmax", rows, cols)
+            the_plan = plan_backward(problem, runtime.profile(0))
             got = runtime.run_backward(dy, y, the_plan)
             if _tolerance.outside(got, gradient_reference(dy, y, 1, "softmax")).any():
                 wrong[warp].append(f"{rows}x{cols} {the_plan.tier}")
+            from_input = plan_backward_from_input(problem, runtime.profile(0))
+            if from_input is not None:  # the gradient from x: its max and sums cross the lanes too
+                x = rng.standard_normal((rows, cols)).astype(np.float32)
+                got = run_from_input(runtime, dy, x, from_input)
+                if _tolerance.outside(got, gradient_from_input_reference(dy, x, "softmax")).any():
+                    wrong[warp].append(f"{rows}x{cols} {from_input.tier} from x")
     assert not wrong[32], f"mutation {mutation!r} should be harmless at warp 32, yet broke {wrong[32]}"
     assert wrong[64], f"mutation {mutation!r} went unnoticed at warp 64"
+    assert any(w.endswith("from x") for w in wrong[64]), f"mutation {mutation!r} left the gradient from x right"
 
 
 # ---- the planner --------------------------------------------------------------------------------------
