@@ -257,11 +257,10 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def from_input_problem(dtype: str, op: str, safe: bool, layout: Rows):
     """The planner_backward problem of the gradient from x along contiguous rows (dy, x and dx of
-    one layout, 16-byte aligned)."""
-    from .planner_backward import GradRowProblem
+    one layout, 16-byte aligned): the gradient from y's, with the forward's ``safe``."""
+    from ._backward import _problem
 
-    stride = layout.row_stride
-    return GradRowProblem(dtype, op, layout.rows, layout.cols, (stride,) * 3, (0, 0, 0), safe=safe)
+    return replace(_problem(dtype, op, layout, layout, layout, (0, 0, 0)), safe=safe)
 
 
 def plan_from_input(dtype: str, op: str, safe: bool, layout, device: DeviceProfile) -> Plan | None:

@@ -488,8 +488,8 @@ def grad_rows_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: 
 
 
 def grad_rows_from_input_name(dtype: str, op: str, warp: int, lanes: int, slots: int, vec: int) -> str:
-    """The gradient from the forward's input x (and dy) of a grad_rows shape: the row's (m, d) from
-    x held in registers, then its gradient as from y (backward.cuh grad_rows)."""
+    """The gradient from the forward's input x (and dy) of a grad_rows shape: the row's max and sums
+    from x held in registers, then its gradient as from y (backward.cuh grad_rows, InputRow)."""
     return f"ps_bwd_from_input_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
 
