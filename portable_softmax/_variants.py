@@ -391,16 +391,36 @@ def catalogue(dtype: str, backend: str) -> set[str]:
 # ---- the gradients (src_cuda/backward.cuh, planned by planner_backward.py) ------------------------
 #: threads of a block whose groups of lanes take a row each (backward.cuh kGradRowsThreads)
 GRAD_ROWS_THREADS = 256
-#: slots a thread of a whole warp (or block) holds, beyond one: 2..GRAD_MAX_SLOTS
+#: slots a lane of a whole warp holds, beyond one: 2..GRAD_MAX_SLOTS ...
 GRAD_MAX_SLOTS = 8
-#: blocks a row: threads -> slots a thread (1024 threads of 4 slots would hold no more than 512 of 8).
-#: 16-bit rows take 4 slots a thread: their 8 elements a slot cost twice the registers once widened
-GRAD_BLOCK_SLOTS = {128: 8, 256: 8, 512: 8}
-GRAD_BLOCK_SLOTS_BY_ITEMSIZE = {2: {128: 4, 256: 4, 512: 4, 1024: 4}}
+#: ... but 2 of 16-bit rows in 16-byte slots, all of them full: longer such rows take a block of 2
+#: slots a thread (GRAD_WHOLE_16_BIT_BLOCKS), then of 4 (docs/design.md)
+GRAD_WHOLE_16_BIT_MAX_SLOTS = 2
 
 
-def grad_block_slots(dtype: str) -> dict[int, int]:
-    return GRAD_BLOCK_SLOTS_BY_ITEMSIZE.get(DTYPES[dtype][2], GRAD_BLOCK_SLOTS)
+def whole_16_bit(dtype: str, vec: int, whole: bool) -> bool:
+    """16-bit rows in 16-byte slots whose every slot is full (``whole``)."""
+    return whole and DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
+
+
+def grad_max_slots(dtype: str, vec: int, whole: bool) -> int:
+    """The most slots of ``vec`` elements a lane of a warp holds of a row (``whole``: every slot of
+    the rows is full)."""
+    return GRAD_WHOLE_16_BIT_MAX_SLOTS if whole_16_bit(dtype, vec, whole) else GRAD_MAX_SLOTS
+
+
+#: blocks a row, (threads, slots a thread), the first that holds a row taking it (1024 threads of 4
+#: slots would hold no more than 512 of 8). 16-bit rows take 4 slots a thread, their 8 elements a
+#: slot costing twice the registers once widened ...
+GRAD_BLOCK_SHAPES = ((128, 8), (256, 8), (512, 8))
+GRAD_BLOCK_SHAPES_BY_ITEMSIZE = {2: ((128, 4), (256, 4), (512, 4), (1024, 4))}
+#: ... and whole rows in 16-byte slots 2 a thread first
+GRAD_WHOLE_16_BIT_BLOCKS = ((64, 2), (128, 2))
+
+
+def grad_block_shapes(dtype: str, vec: int, whole: bool) -> tuple[tuple[int, int], ...]:
+    shapes = GRAD_BLOCK_SHAPES_BY_ITEMSIZE.get(DTYPES[dtype][2], GRAD_BLOCK_SHAPES)
+    return GRAD_WHOLE_16_BIT_BLOCKS + shapes if whole_16_bit(dtype, vec, whole) else shapes
 #: the on-chip split: a chunk is GRAD_CACHED_THREADS threads x GRAD_CACHED_SLOTS slots
 GRAD_CACHED_THREADS = 256
 GRAD_CACHED_SLOTS = 4
@@ -424,13 +444,16 @@ def grad_lane_slots(dtype: str, vec: int) -> int:
 
 def grad_rows_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
     """(lanes a row, slots a lane) of the rows-in-registers gradient at width ``vec``: the groups and
-    warps of grad_group_shape for rows of 1..WARP * GRAD_MAX_SLOTS slots, and blocks (more lanes
-    than a warp) of grad_block_slots."""
+    warps of grad_group_shape for rows of 1..WARP * grad_max_slots slots, and blocks (more lanes
+    than a warp) of grad_block_shapes, for rows of partial slots and of whole ones."""
     lane_slots = grad_lane_slots(dtype, vec)
-    groups = {grad_group_shape(slots, warp, lane_slots) for slots in range(1, warp * GRAD_MAX_SLOTS + 1)}
-    # a block holding no more than a warp's GRAD_MAX_SLOTS a lane is never planned
-    blocks = [(threads, s) for threads, s in grad_block_slots(dtype).items()
-              if threads > warp and threads * s > warp * GRAD_MAX_SLOTS]
+    groups, blocks = set(), []
+    for whole in (False, True):
+        most = warp * grad_max_slots(dtype, vec, whole)
+        groups |= {grad_group_shape(slots, warp, lane_slots) for slots in range(1, most + 1)}
+        # a block holding no more than a warp does is never planned
+        blocks += [(threads, s) for threads, s in grad_block_shapes(dtype, vec, whole)
+                   if threads > warp and threads * s > most and (threads, s) not in blocks]
     return sorted(groups) + blocks
 
 

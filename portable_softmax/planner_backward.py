@@ -111,10 +111,12 @@ DEFAULT_GRAD_TUNING = GradTuning()
 
 @dataclass(frozen=True)
 class _Shape:
-    """What the row rules look at: the vector width and the slots a row covers."""
+    """What the row rules look at: the vector width, the slots a row covers, and whether every slot
+    of every row is full."""
 
     vec: int
     slots: int
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,9 +155,10 @@ def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, 
     return Plan(tier, (launch,), notes={"lanes": lanes, "slots": slots, "vec": s.vec}, scratch_zeroed=False)
 
 
-def _block_shape(dtype: str, device: DeviceProfile, slots: int) -> tuple[int, int] | None:
-    """The smallest block (threads, slots a thread) of grad_block_slots that holds ``slots``."""
-    for threads, per_thread in sorted(V.grad_block_slots(dtype).items()):
+def _block_shape(dtype: str, device: DeviceProfile, s: _Shape) -> tuple[int, int] | None:
+    """The first block (threads, slots a thread) of grad_block_shapes that holds the row."""
+    slots = s.slots
+    for threads, per_thread in V.grad_block_shapes(dtype, s.vec, s.whole):
         if device.warp_size < threads <= device.max_threads_per_block and threads * per_thread >= slots:
             return threads, per_thread
     return None
@@ -175,7 +178,7 @@ def _in_a_warp(t, p, device, s):
 
 
 def _block(t, p, device, s):
-    threads, per_thread = _block_shape(p.dtype, device, s.slots)
+    threads, per_thread = _block_shape(p.dtype, device, s)
     return _rows_plan(p, device, s, threads, per_thread, "block")
 
 
@@ -219,11 +222,11 @@ ROW_RULES: tuple[Rule, ...] = (
     Rule("a group of lanes a row", "rows of at most a warp's slots: up to GRAD_LANE_BYTES of a row a lane "
          "(grad_lane_slots), so several rows a warp, each load a whole vector of every lane",
          lambda t, p, d, s: s.slots <= d.warp_size, _in_a_warp),
-    Rule("a warp a row", "rows of up to GRAD_MAX_SLOTS slots a lane: held in registers, reduced with shuffles "
+    Rule("a warp a row", "rows of up to grad_max_slots slots a lane: held in registers, reduced with shuffles "
          "(half a warp where slots are narrow enough)",
-         lambda t, p, d, s: s.slots <= d.warp_size * V.GRAD_MAX_SLOTS, _in_a_warp),
+         lambda t, p, d, s: s.slots <= d.warp_size * V.grad_max_slots(p.dtype, s.vec, s.whole), _in_a_warp),
     Rule("a block a row", "rows one block's registers hold, while there are rows enough for the device",
-         lambda t, p, d, s: _block_shape(p.dtype, d, s.slots) is not None and not _few_rows(t, p, d, s), _block),
+         lambda t, p, d, s: _block_shape(p.dtype, d, s) is not None and not _few_rows(t, p, d, s), _block),
     Rule("a row split across blocks, on chip", "longer rows (or a few long ones) whose chunks fit the "
          "resident blocks: one read and one write, the chunks' sums meeting in scratch",
          lambda t, p, d, s: _cached_fits(t, d) and _cached_chunks(s) <= t.cached_chunks_per_multiprocessor
@@ -259,6 +262,12 @@ def grad_slots(p: GradRowProblem, vec: int) -> int:
     return ceil((pad + p.cols) / vec)
 
 
+def whole_rows(p: GradRowProblem, vec: int) -> bool:
+    """Every row starts on a vector of ``vec`` and holds whole ones (the kernels test it the same way)."""
+    return (p.cols % vec == 0 and all(m % vec == 0 for m in p.misaligns)
+            and (p.rows <= 1 or all(s % vec == 0 for s in p.row_strides())))
+
+
 def _check(dtype: str, op: str, device: DeviceProfile) -> None:
     if dtype not in V.DTYPES:
         raise PlanError(f"dtype {dtype!r} has no kernels; supported: {', '.join(V.DTYPES)}")
@@ -280,7 +289,7 @@ def plan_backward(problem: GradRowProblem | GradStridedProblem, device: DevicePr
     if problem.rows <= 0 or problem.cols <= 0:
         return Plan("empty", ())
     vec = grad_vector_width(problem)
-    shape = _Shape(vec, grad_slots(problem, vec))
+    shape = _Shape(vec, grad_slots(problem, vec), whole_rows(problem, vec))
     for rule in ROW_RULES:
         if rule.applies(tuning, problem, device, shape):
             return rule.build(tuning, problem, device, shape)

@@ -279,6 +279,8 @@ struct ExpShifted {
 };
 template <typename A, typename B> struct same_type { static const bool value = false; };
 template <typename A> struct same_type<A, A> { static const bool value = true; };
+template <bool B, typename A, typename Z> struct type_if { typedef A type; };
+template <typename A, typename Z> struct type_if<false, A, Z> { typedef Z type; };
 template <typename T> PS_DEVICE bool exp_shift_fits(float m) {
   return same_type<T, half_t>::value || (m >= -1048576.0f && m <= 1048576.0f);
 }

@@ -64,12 +64,14 @@ template <> struct Backward<kLogSoftmax> {
 template <int OP, typename C> struct GradAccumulator {
   GradSum<C> total = grad_identity<C>();
   // N values, all inside the row: a slot's terms chain in their own double (slots chain apart), then
-  // join the thread's sum.
-  template <int N> PS_DEVICE void add_all(const C* dy, const C* y) {
-    double part = 0.0;
+  // join the thread's sum. kSlotInFloat: the slot's terms chain in C and join the sum once (16-bit
+  // elements, whose own rounding is far above a float sum's of a slot's 8 terms).
+  template <int N, bool kSlotInFloat = false> PS_DEVICE void add_all(const C* dy, const C* y) {
+    typedef typename type_if<kSlotInFloat, C, double>::type Part;
+    Part part = Part(0);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      part += static_cast<double>(Backward<OP>::term(dy[j], y[j]));
+      part += static_cast<Part>(Backward<OP>::term(dy[j], y[j]));
       if constexpr (Backward<OP>::kTop) total.top = ps_max_nan(total.top, y[j]);
     }
     total.sum += part;
@@ -131,14 +133,17 @@ template <typename T, int VEC> struct GradRow {
     slots = (pad + cols + VEC - 1) / VEC;
   }
   PS_DEVICE bool full(i64 k) const { return k * VEC - pad >= 0 && k * VEC - pad + VEC <= cols; }
+  // Every slot of the row is full: it starts on a vector and holds whole vectors.
+  PS_DEVICE bool all_full() const { return pad == 0 && cols % VEC == 0; }
   PS_DEVICE bool inside(i64 k, int j) const {
     const i64 i = k * VEC - pad + j;
     return i >= 0 && i < cols;
   }
-  // Elements outside the row read as 0 (the callers skip them).
-  PS_DEVICE void load(i64 k, Vec<T, VEC>& a, Vec<T, VEC>& b) const {
+  // Elements outside the row read as 0 (the callers skip them). whole: all_full(), where the caller
+  // knows it (then slot k is full without a test of its own).
+  PS_DEVICE void load(i64 k, Vec<T, VEC>& a, Vec<T, VEC>& b, bool whole = false) const {
     const i64 first = k * VEC - pad;
-    if (full(k)) {
+    if (whole || full(k)) {
       a = *reinterpret_cast<const Vec<T, VEC>*>(dy + first);
       b = *reinterpret_cast<const Vec<T, VEC>*>(y + first);
       return;
@@ -166,13 +171,14 @@ template <typename T, int VEC> struct GradRow {
       }
     }
   }
-  template <int OP> PS_DEVICE void add(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b,
-                                      GradAccumulator<OP, C>& acc) const {
+  template <int OP, bool kSlotInFloat = false>
+  PS_DEVICE void add(i64 k, const Vec<T, VEC>& a, const Vec<T, VEC>& b, GradAccumulator<OP, C>& acc,
+                     bool whole = false) const {
     C da[VEC], ya[VEC];
     widen(a, da);
     widen(b, ya);
-    if (full(k)) {
-      acc.template add_all<VEC>(da, ya);
+    if (whole || full(k)) {
+      acc.template add_all<VEC, kSlotInFloat>(da, ya);
       return;
     }
 #pragma unroll
@@ -182,7 +188,8 @@ template <typename T, int VEC> struct GradRow {
   }
   // y_of: the row's y from what b holds, y itself (YAsStored) or the forward's input x (YFromInput).
   template <typename F, typename YOf = YAsStored>
-  PS_DEVICE void store(i64 k, Vec<T, VEC> a, Vec<T, VEC> b, const F& f, const YOf& y_of = YOf()) const {
+  PS_DEVICE void store(i64 k, Vec<T, VEC> a, Vec<T, VEC> b, const F& f, const YOf& y_of = YOf(),
+                       bool whole = false) const {
     if constexpr (sizeof(T) == 2 && sizeof(a) % 4 == 0) {  // widened anew (ps_opaque), not held since add()
       unsigned words[2][sizeof(a) / 4];
       memcpy(words[0], &a, sizeof(a));
@@ -203,7 +210,7 @@ template <typename T, int VEC> struct GradRow {
       for (int j = 0; j < VEC; ++j) ya[j] = y_of(ya[j]);
     }
     const i64 first = k * VEC - pad;
-    if (full(k)) {
+    if (whole || full(k)) {
       Vec<T, VEC> raw;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) raw.v[j] = from_compute<T>(f(da[j], ya[j]));
@@ -320,10 +327,18 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct In
 // past the end takes part in the shuffles and stores nothing).
 // FROM_INPUT: y holds the forward's input x (InputRow: the row's max and sums from it, and each
 // element's y as the forward's finish of x).
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false>
-PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+// 16-bit rows in 16-byte slots, several a thread, whose every slot is full skip the test of each slot
+// (three a slot: load, sum, store), which held them at 72-95% of the copy (docs/design.md); the
+// slots' terms of 16-bit rows in 16-byte slots are summed in float before the double sum.
+template <typename T, int VEC> constexpr bool kWide16Bit = sizeof(T) == 2 && VEC * sizeof(T) == 16;
+
+// WHOLE: every slot of every row is full (the launch's rows start on a vector and hold whole vectors).
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT, bool WHOLE>
+PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
   typedef typename compute_of<T>::type C;
   constexpr bool kBlock = GROUP > WARP;
+  constexpr bool kSlotInFloat = kWide16Bit<T, VEC>;
+  const bool whole = WHOLE;
   const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
   const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
   const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
@@ -336,7 +351,7 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.load(k, a[s], b[s]);
+      if (active && k < g.slots) g.load(k, a[s], b[s], whole);
     }
     if constexpr (FROM_INPUT) {
       const InputRow<OP, WARP, GROUP, SLOTS, T, VEC> in(g, a, b, active, lane, safe != 0);
@@ -352,7 +367,7 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.add(k, a[s], b[s], acc);
+      if (active && k < g.slots) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, whole);
     }
     GradSum<C> total;
     if constexpr (kBlock) {
@@ -364,9 +379,24 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.store(k, a[s], b[s], f);
+      if (active && k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), whole);
     }
   }
+}
+
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false>
+PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+  // the layouts planned for whole rows (planner_backward): a warp of 2 slots a lane, or a block
+  if constexpr (kWide16Bit<T, VEC> && SLOTS > 1 && (SLOTS <= 2 || GROUP > WARP) && !FROM_INPUT) {
+    // dy, y and dx share each row's offset in its vectors (the host checks): dy's rows tell
+    const bool whole = reinterpret_cast<unsigned long long>(dy) % sizeof(Vec<T, VEC>) == 0 && dys % VEC == 0 &&
+                       cols % VEC == 0;
+    if (whole) {
+      grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+      return;
+    }
+  }
+  grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, false>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
 }
 
 // ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one float32 a lane ---------
@@ -739,17 +769,23 @@ template <typename T, int OP> struct GradientStrided {
 
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
 const int kGradRowsThreads = 256;         // groups of lanes a row
+// Blocks a multiprocessor must hold, which caps registers a thread: enough for 512 threads (768 in
+// blocks a row of 16-bit elements in 16-byte slots, whose two paths, whole rows and any, took 92-96
+// registers uncapped where each alone takes at most 80).
+template <typename T, int VEC, bool BLOCK> constexpr int grad_rows_min_blocks(int threads) {
+  return threads > 512 ? 1 : (kWide16Bit<T, VEC> && BLOCK ? 768 : 512) / threads;
+}
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 const int kGradStreamThreads = 256;       // the two-pass split
 
 }  // namespace ps
 
 // ---- extern "C" entry points (the generated softmax_<dtype>.cu files name each instantiation) ----
-// Blocks of G threads (a block a row) or kGradRowsThreads (groups of lanes), registers capped so that
-// 512 threads share a multiprocessor.
+// Blocks of G threads (a block a row) or kGradRowsThreads (groups of lanes), registers capped by
+// grad_rows_min_blocks.
 #define PS_GRAD_ROWS_ENTRY(DT, T, OPN, OP, W, G, S, V)                                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
-                                      (G > 512 ? 1 : 512 / (G > W ? G : ps::kGradRowsThreads)))          \
+                                      (ps::grad_rows_min_blocks<T, V, (G > W)>(G > W ? G : ps::kGradRowsThreads))) \
       ps_bwd_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows,  \
                                                            ps::i64 cols, ps::i64 dys, ps::i64 ys,         \
                                                            ps::i64 dxs, int safe) {                       \

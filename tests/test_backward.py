@@ -164,6 +164,34 @@ def test_misaligned_rows_take_partial_slots_or_scalars(runtime, rng, offsets):
             assert_gradient(got, dy, y, 1, op, f"{rows}x{cols} {offsets} {the_plan.launches[0].kernel}")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_rows_of_whole_slots_and_the_same_kernels_on_partial_ones(runtime, rng, dtype):
+    """16-bit rows of whole 16-byte slots take the kernels' path without a test a slot (a warp of 2
+    slots a lane, blocks of 2 and 4); the same kernel on rows a vector shorter that start 3 elements
+    off a vector (a partial head and tail) takes the tested path; a misaligned view of whole-length
+    rows takes the layouts of partial slots (up to 8 slots a lane in a warp)."""
+    layouts = set()
+    for rows, cols in [(33, 512), (9, 1024), (7, 2048), (5, 4096), (9, 1000)]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            whole = plan_backward(GradRowProblem(dtype, op, rows, cols), runtime.profile(0))
+            assert whole.tier in ("warp", "block") and whole.notes["vec"] == 8
+            assert whole.notes["slots"] <= 2 or whole.notes["lanes"] > runtime.profile(0).warp_size
+            layouts.add((whole.notes["lanes"], whole.notes["slots"]))
+            got = runtime.run_backward(dy, y, whole)
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {whole.launches[0].kernel}")
+            # the same kernel (it holds the row) on rows of cols - 8 whose slots are partial at both ends
+            short = plan_backward(GradRowProblem(dtype, op, rows, cols - 8, misaligns=(3, 3, 3)), runtime.profile(0))
+            launch = replace(whole.launches[0], args=short.launches[0].args)
+            got = runtime.run_backward(dy[:, 8:], y[:, 8:], replace(short, launches=(launch,)), (3, 3, 3))
+            assert_gradient(got, dy[:, 8:], y[:, 8:], 1, op, f"{dtype} {rows}x{cols - 8} +3 {launch.kernel}")
+            misaligned = plan_backward(GradRowProblem(dtype, op, rows, cols, misaligns=(1, 1, 1)), runtime.profile(0))
+            got = runtime.run_backward(dy, y, misaligned, (1, 1, 1))
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} +1 {misaligned.launches[0].kernel}")
+    assert len(layouts) >= 3
+
+
 @pytest.mark.parametrize("offsets", [(0, 0, 0), (1, 1, 1), (3, 3, 3)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16_bit_rows_of_an_unaligned_stride_take_narrow_vectors(runtime, rng, dtype, offsets):
@@ -543,6 +571,8 @@ GOLDEN = [  # shape -> regime on an H100: one or two a rule
     ("bfloat16", (1000000, 90), "a warp a row", "g16_s4_v2"),  # 4-byte slots: four a lane
     ("float32", (6000000, 10), "a warp a row", "g4_s4_v1"),
     ("float32", (65536, 1024), "a warp a row", "g32_s8"),
+    ("bfloat16", (65536, 1024), "a block a row", "g64_s2_v8"),  # whole 16-byte slots: 2 a thread
+    ("bfloat16", (65536, 1001), "a warp a row", "g32_s4_v8"),  # partial slots: 4 a lane
     ("float32", (8192, 8192), "a block a row", "g256_s8"),
     ("bfloat16", (4096, 128256), "a row split across blocks", "cached"),
     ("float32", (1, 10**8), "a row split across blocks", "partials"),
