@@ -537,8 +537,11 @@ def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[
     return out
 
 
-def grad_cached_name(dtype: str, op: str, warp: int, vec: int) -> str:
-    return f"ps_bwd_cached_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
+def grad_cached_name(dtype: str, op: str, warp: int, vec: int, whole: bool = False) -> str:
+    """The on-chip split's kernel; ``whole``: the one for 16-bit rows in 16-byte slots, all of them
+    full (whole_16_bit), which tests no slot."""
+    kind = "cached_whole" if whole_16_bit(dtype, vec, whole) else "cached"
+    return f"ps_bwd_{kind}_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
 
 
 def grad_partials_name(dtype: str, op: str, warp: int, vec: int) -> str:
@@ -594,6 +597,9 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
             out += grad_rows_entries(dtype, op, warp, vec, grad_rows_shapes(dtype, warp, vec))
             out.append(Entry(grad_cached_name(dtype, op, warp, vec), "PS_GRAD_CACHED_ENTRY",
                              (*head, GRAD_CACHED_SLOTS, vec)))
+            if whole_16_bit(dtype, vec, True):
+                out.append(Entry(grad_cached_name(dtype, op, warp, vec, True), "PS_GRAD_CACHED_WHOLE_ENTRY",
+                                 (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
     for vec in grad_narrow_widths(dtype):
         for op in OPS:

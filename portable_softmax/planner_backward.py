@@ -188,7 +188,7 @@ def _few_rows(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape
 
 def _cached(t, p, device, s):
     chunks = _cached_chunks(s)
-    name = V.grad_cached_name(p.dtype, p.op, device.warp_size, s.vec)
+    name = V.grad_cached_name(p.dtype, p.op, device.warp_size, s.vec, s.whole)
     dys, ys, dxs = p.row_strides()
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), (PTR, "arrivals"), (I64, p.rows), (I64, p.cols),
             (I64, dys), (I64, ys), (I64, dxs), (I64, chunks), (I32, int(p.safe)))

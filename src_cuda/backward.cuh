@@ -468,11 +468,15 @@ template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBa
 // loaded directly.
 const int kGradCachedThreads = 256;  // a chunk of the on-chip split (the launch bound)
 
-template <typename T, int OP, int WARP, int SLOTS, int VEC>
+// WHOLE (16-bit rows in 16-byte slots, planned where every slot is full: planner_backward): no test a
+// slot, and a slot's terms summed in float, as grad_rows_of<..., true> (a kernel of its own: the two
+// paths in one kernel overflow the static shared memory and the registers of 4 blocks).
+template <typename T, int OP, int WARP, int SLOTS, int VEC, bool WHOLE = false>
 PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
                                  int safe) {
   typedef typename compute_of<T>::type C;
+  const bool whole = WHOLE;
   typedef Vec<T, VEC> Slot;
   constexpr bool kPrefetch = kAsyncSlots<T, VEC>;
   constexpr int kStaged = kPrefetch ? SLOTS * kGradCachedThreads : 1;
@@ -490,7 +494,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.load(k, a[s], b[s]);
+      if (k < g.slots) g.load(k, a[s], b[s], whole);
     }
   }
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
@@ -500,7 +504,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.add(k, a[s], b[s], acc);
+      if (k < g.slots) g.template add<OP, WHOLE>(k, a[s], b[s], acc, whole);
     }
     const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
     volatile double* published = sums + 2 * row * chunks;
@@ -541,7 +545,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-          if (k < next.slots && next.full(k)) {
+          if (k < next.slots && (whole || next.full(k))) {
             const i64 first = k * VEC - next.pad;
             async_copy<sizeof(Slot)>(&next_dy[s * kGradCachedThreads + PS_THREAD_X], next.dy + first);
             async_copy<sizeof(Slot)>(&next_y[s * kGradCachedThreads + PS_THREAD_X], next.y + first);
@@ -553,7 +557,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.store(k, a[s], b[s], f);
+      if (k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), whole);
     }
     if (next_row < rows) {  // the next row into registers
       const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
@@ -563,11 +567,11 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-        if (kPrefetch && k < next.slots && next.full(k)) {
+        if (kPrefetch && k < next.slots && (whole || next.full(k))) {
           a[s] = next_dy[s * kGradCachedThreads + PS_THREAD_X];
           b[s] = next_y[s * kGradCachedThreads + PS_THREAD_X];
         } else if (k < next.slots) {
-          next.load(k, a[s], b[s]);
+          next.load(k, a[s], b[s], whole);
         }
       }
     }
@@ -816,6 +820,16 @@ const int kGradStreamThreads = 256;       // the two-pass split
     ps::grad_split_cached<T, OP, W, S, V>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, safe); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V)
+
+#define PS_GRAD_CACHED_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                              \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
+      ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V(                                             \
+          const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows,                \
+          ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                \
+    ps::grad_split_cached<T, OP, W, S, V, true>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks,  \
+                                                safe);                                                   \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V)
 
 #define PS_GRAD_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
