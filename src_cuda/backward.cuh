@@ -132,14 +132,12 @@ template <typename T, int VEC> struct GradRow {
     slots = (pad + cols + VEC - 1) / VEC;
   }
   PS_DEVICE bool full(i64 k) const { return k * VEC - pad >= 0 && k * VEC - pad + VEC <= cols; }
-  // Every slot of the row is full: it starts on a vector and holds whole vectors.
-  PS_DEVICE bool all_full() const { return pad == 0 && cols % VEC == 0; }
   PS_DEVICE bool inside(i64 k, int j) const {
     const i64 i = k * VEC - pad + j;
     return i >= 0 && i < cols;
   }
-  // Elements outside the row read as 0 (the callers skip them). whole: all_full(), where the caller
-  // knows it (then slot k is full without a test of its own).
+  // Elements outside the row read as 0 (the callers skip them). whole: the caller knows every slot of
+  // the row is full (then slot k is, without a test of its own).
   PS_DEVICE void load(i64 k, Vec<T, VEC>& a, Vec<T, VEC>& b, bool whole = false) const {
     const i64 first = k * VEC - pad;
     if (whole || full(k)) {
@@ -326,9 +324,9 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct In
 // past the end takes part in the shuffles and stores nothing).
 // FROM_INPUT: y holds the forward's input x (InputRow: the row's max and sums from it, and each
 // element's y as the forward's finish of x).
-// 16-bit rows in 16-byte slots, several a thread, whose every slot is full skip the test of each slot
-// (three a slot: load, sum, store), which held them at 72-95% of the copy (docs/design.md); the
-// slots' terms of 16-bit rows in 16-byte slots are summed in float before the double sum.
+// 16-bit elements in 16-byte slots: where every slot of every row is full, rows held several slots a
+// thread skip the test of each slot (three a slot: load, sum, store), which held them at 62-99% of
+// the copy; a slot's terms are summed in float before the double sum (docs/design.md).
 template <typename T, int VEC> constexpr bool kWide16Bit = sizeof(T) == 2 && VEC * sizeof(T) == 16;
 
 // WHOLE: every slot of every row is full (the launch's rows start on a vector and hold whole vectors).
