@@ -421,6 +421,8 @@ GRAD_WHOLE_16_BIT_BLOCKS = ((64, 2), (128, 2))
 def grad_block_shapes(dtype: str, vec: int, whole: bool) -> tuple[tuple[int, int], ...]:
     shapes = GRAD_BLOCK_SHAPES_BY_ITEMSIZE.get(DTYPES[dtype][2], GRAD_BLOCK_SHAPES)
     return GRAD_WHOLE_16_BIT_BLOCKS + shapes if whole_16_bit(dtype, vec, whole) else shapes
+
+
 #: the on-chip split: a chunk is GRAD_CACHED_THREADS threads x GRAD_CACHED_SLOTS slots
 GRAD_CACHED_THREADS = 256
 GRAD_CACHED_SLOTS = 4

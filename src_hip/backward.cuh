@@ -336,7 +336,6 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
   typedef typename compute_of<T>::type C;
   constexpr bool kBlock = GROUP > WARP;
   constexpr bool kSlotInFloat = kWide16Bit<T, VEC>;
-  const bool whole = WHOLE;
   const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
   const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
   const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
@@ -349,7 +348,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.load(k, a[s], b[s], whole);
+      if (active && k < g.slots) g.load(k, a[s], b[s], WHOLE);
     }
     if constexpr (FROM_INPUT) {
       const InputRow<OP, WARP, GROUP, SLOTS, T, VEC> in(g, a, b, active, lane, safe != 0);
@@ -365,7 +364,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, whole);
+      if (active && k < g.slots) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, WHOLE);
     }
     GradSum<C> total;
     if constexpr (kBlock) {
@@ -377,7 +376,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), whole);
+      if (active && k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), WHOLE);
     }
   }
 }
@@ -475,7 +474,6 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
                                  int safe) {
   typedef typename compute_of<T>::type C;
-  const bool whole = WHOLE;
   typedef Vec<T, VEC> Slot;
   constexpr bool kPrefetch = kAsyncSlots<T, VEC>;
   constexpr int kStaged = kPrefetch ? SLOTS * kGradCachedThreads : 1;
@@ -493,7 +491,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.load(k, a[s], b[s], whole);
+      if (k < g.slots) g.load(k, a[s], b[s], WHOLE);
     }
   }
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
@@ -503,7 +501,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.template add<OP, WHOLE>(k, a[s], b[s], acc, whole);
+      if (k < g.slots) g.template add<OP, WHOLE>(k, a[s], b[s], acc, WHOLE);
     }
     const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
     volatile double* published = sums + 2 * row * chunks;
@@ -544,7 +542,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-          if (k < next.slots && (whole || next.full(k))) {
+          if (k < next.slots && (WHOLE || next.full(k))) {
             const i64 first = k * VEC - next.pad;
             async_copy<sizeof(Slot)>(&next_dy[s * kGradCachedThreads + PS_THREAD_X], next.dy + first);
             async_copy<sizeof(Slot)>(&next_y[s * kGradCachedThreads + PS_THREAD_X], next.y + first);
@@ -556,7 +554,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), whole);
+      if (k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), WHOLE);
     }
     if (next_row < rows) {  // the next row into registers
       const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
@@ -566,11 +564,11 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-        if (kPrefetch && k < next.slots && (whole || next.full(k))) {
+        if (kPrefetch && k < next.slots && (WHOLE || next.full(k))) {
           a[s] = next_dy[s * kGradCachedThreads + PS_THREAD_X];
           b[s] = next_y[s * kGradCachedThreads + PS_THREAD_X];
         } else if (k < next.slots) {
-          next.load(k, a[s], b[s], whole);
+          next.load(k, a[s], b[s], WHOLE);
         }
       }
     }
@@ -803,7 +801,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
 // The gradient from the forward's input x: the same shapes, one row a step.
 #define PS_GRAD_ROWS_FROM_INPUT_ENTRY(DT, T, OPN, OP, W, G, S, V)                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
-                                      (G > 512 ? 1 : 512 / (G > W ? G : ps::kGradRowsThreads)))          \
+                                      (ps::grad_rows_min_blocks<T, V, (G > W)>(G > W ? G : ps::kGradRowsThreads))) \
       ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                                   \
           const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs,           \
           ps::i64 dxs, int safe) {                                                                       \
@@ -811,24 +809,18 @@ const int kGradStreamThreads = 256;       // the two-pass split
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
+#define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
+      NAME(const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows, ps::i64 cols, \
+           ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                             \
+    ps::grad_split_cached<T, OP, W, S, V, WHOLE>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, \
+                                                 safe);                                                  \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(NAME)
 #define PS_GRAD_CACHED_ENTRY(DT, T, OPN, OP, W, S, V)                                                    \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
-      ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V(                                                   \
-          const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows,                \
-          ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                \
-    ps::grad_split_cached<T, OP, W, S, V>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, safe); \
-  }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V)
-
+  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false)
 #define PS_GRAD_CACHED_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                              \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
-      ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V(                                             \
-          const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows,                \
-          ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                \
-    ps::grad_split_cached<T, OP, W, S, V, true>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks,  \
-                                                safe);                                                   \
-  }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V)
+  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true)
 
 #define PS_GRAD_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \
