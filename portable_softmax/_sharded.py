@@ -137,31 +137,73 @@ TORCH = TorchMath()
 
 @functools.lru_cache(maxsize=512)
 def _passes(planner, problem, profile) -> tuple:
-    """(chunks, first pass, second pass) of a two-pass split plan, each pass a Plan of its own (the
-    collective runs between them), kept per problem: a repeat call plans nothing."""
+    """(chunks, first pass, second pass) of a two-pass plan, each pass a Plan of its own (the
+    collective runs between them), kept per problem: a repeat call plans nothing. ``chunks`` is
+    the two-pass split's chunks a row, 1 for the strided passes (a pair a position)."""
     from .planner import Plan
 
     both = planner(problem, profile)
-    return (both.notes["chunks"], *(Plan("split", (step,), scratch_zeroed=False) for step in both.launches))
+    return (both.notes.get("chunks", 1),
+            *(Plan(both.tier, (step,), scratch_zeroed=False) for step in both.launches))
+
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _layout(t: Tensor, axis: int):
+    """The kernels' view of tensor ``t`` reduced along ``axis`` (layout.Rows or layout.Strided), or
+    None where its dtype is not the kernels', it is empty, or its dimensions do not collapse."""
+    from .layout import describe
+
+    if t.numel() == 0 or str(t.dtype).removeprefix("torch.") not in _DTYPES:
+        return None
+    return describe(tuple(t.shape), tuple(t.stride()), axis)
+
+
+def _layouts(tensors, axis: int) -> list | None:
+    """The kernels' views of ``tensors`` (_layout), all of one kind: where some are rows and others
+    not, every one as a strided view (rows as an axis of inner size 1); None where one has none."""
+    from .layout import Rows, Strided
+
+    layouts = [_layout(t, axis) for t in tensors]
+    if None in layouts:
+        return None
+    if len({type(lay) for lay in layouts}) > 1:
+        layouts = [Strided(lay.rows, lay.cols, 1, (lay.row_stride, 1, 1)) if isinstance(lay, Rows) else lay
+                   for lay in layouts]
+    return layouts
+
+
+def _reduced_shape(t: Tensor, axis: int) -> tuple:
+    return tuple(t.shape[:axis]) + tuple(t.shape[axis + 1:])
+
+
+def _dtype(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class KernelMath(TorchMath):
-    """The local steps by the package's two-pass split kernels, on rows along the last axis of
-    contiguous tensors (other layouts, and the merge of the gathered pairs, as TorchMath).
+    """The local steps by the package's kernels, on any tensor whose dimensions collapse to the
+    kernels' layouts (the merge of the gathered pairs, and other tensors, as TorchMath): rows along
+    the axis take the row split's two passes, other axes the strided tiers' passes apart.
 
-    Both take their launches from the planners' ``plan_split_passes``: one chunk a row where the
-    rows fill the device, several where they are few (their chunks' results merged here before the
-    collective). The second pass of each is handed the row's combined result as the row's first
-    chunk's and the monoid's identity as the others', which merge back into it exactly.
+    Both take their launches from the planners' ``plan_split_passes`` / ``plan_strided_passes``. The
+    row split cuts a row into one chunk where the rows fill the device, several where they are few
+    (their chunks' results merged here before the collective); its second pass is handed the row's
+    combined result as the row's first chunk's and the monoid's identity as the others', which merge
+    back into it exactly. The strided passes take a pair a position: position (o, i) of the
+    (outer, inner) view at o * inner + i, the order of the reduced shape's contiguous tensor.
 
-    Forward: the first pass (``ps_split_partials_*``) writes each chunk's (m, d); the second
-    (``ps_split_normalize_*``), given the row's (M, D), normalises each chunk. Where copies are
-    asynchronous, the ``_buffered_`` forms take the chunks through shared memory (docs/design.md).
+    Forward: the first pass (``ps_split_partials_*``, ``ps_strided*_partials_*``) writes each chunk's
+    or position's (m, d); the second (``ps_split_normalize_*``, ``ps_strided*_finish_*``), given the
+    row's (M, D), normalises. Where copies are asynchronous, the split's ``_buffered_`` forms take the
+    chunks through shared memory (docs/design.md).
 
-    Backward: the gradient's first pass (``ps_bwd_partials_*``) writes each chunk's (sum, top) as two
-    doubles: the sum of dy * y (softmax) or of dy (log_softmax), and for log_softmax the max of y,
-    NaN where y holds NaN. The second (``ps_bwd_finish_*``) is given each row's total. ``top`` tells
-    the finish two things, neither of which needs a collective beside the one all_reduce of the sums:
+    Backward: the gradient's first pass (``ps_bwd_partials_*``, ``ps_bwd_strided*_sums_*``) writes
+    each chunk's or position's (sum, top) as two doubles: the sum of dy * y (softmax) or of dy
+    (log_softmax), and for log_softmax the max of y, NaN where y holds NaN. The second
+    (``ps_bwd_finish_*``, ``ps_bwd_strided*_finish_*``) is given each row's total. ``top`` tells the
+    finish two things, neither of which needs a collective beside the one all_reduce of the sums:
 
     * NaN: ``grad_dot`` folds a NaN top into the row's sum, which the all_reduce (SUM) then makes
       NaN on every rank, and a NaN sum makes the whole row's dx NaN, as a NaN top would;
@@ -178,44 +220,49 @@ class KernelMath(TorchMath):
     def __init__(self, profile, launch) -> None:
         self.profile, self.launch = profile, launch
 
-    def _rows(self, x: Tensor, axis: int) -> bool:
-        return (axis == x.dim() - 1 and x.is_contiguous() and x.numel() > 0
-                and str(x.dtype).removeprefix("torch.") in ("float16", "bfloat16", "float32", "float64"))
-
-    def _split_passes(self, x: Tensor, y_ptr: int, op: str, safe: bool):
-        """(dtype, rows, chunks, the partials pass, the normalise pass) of the forward's two-pass
-        split for these addresses (planner.plan_split_passes)."""
+    def _forward_passes(self, x: Tensor, axis: int, y: Tensor, op: str, safe: bool):
+        """(rows or positions, chunks a row, the partials pass, the normalise pass) for x and its
+        output y (x itself for the first pass alone), or None where x's layout is not the kernels'."""
         from ._arrays import element_misalign
-        from .planner import RowProblem, plan_split_passes
+        from .layout import Rows
+        from .planner import RowProblem, StridedProblem, plan_split_passes, plan_strided_passes
 
-        dtype = str(x.dtype).removeprefix("torch.")
-        cols = x.shape[-1]
-        rows = x.numel() // cols
-        p = RowProblem(dtype, op, rows, cols, cols, cols, element_misalign(x.data_ptr(), dtype),
-                       element_misalign(y_ptr, dtype), safe)
-        return (dtype, rows, *_passes(plan_split_passes, p, self.profile))
+        layouts = _layouts((x, y), axis)
+        if layouts is None:
+            return None
+        xl, yl = layouts
+        dtype = _dtype(x)
+        misaligns = (element_misalign(x.data_ptr(), dtype), element_misalign(y.data_ptr(), dtype))
+        if isinstance(xl, Rows):
+            p = RowProblem(dtype, op, xl.rows, xl.cols, xl.row_stride, yl.row_stride, *misaligns, safe)
+            return (xl.rows, *_passes(plan_split_passes, p, self.profile))
+        p = StridedProblem(dtype, op, xl.outer, xl.cols, xl.inner, xl.strides, yl.strides, safe, *misaligns)
+        return (xl.outer * xl.inner, *_passes(plan_strided_passes, p, self.profile))
 
     def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
         import torch
 
-        if not self._rows(x, axis):
+        passes = self._forward_passes(x, axis, x, "softmax", False)
+        if passes is None:
             return super().partials(x, axis)
-        dtype, rows, chunks, first, _ = self._split_passes(x, x.data_ptr(), "softmax", False)
+        rows, chunks, first, _ = passes
         pairs = torch.empty(rows, chunks, 2, dtype=compute_dtype(x.dtype), device=x.device)
-        self.launch(first, dtype, {"x": x.data_ptr(), "partials": pairs.data_ptr()})
+        self.launch(first, _dtype(x), {"x": x.data_ptr(), "partials": pairs.data_ptr()})
         if chunks > 1:  # few rows, cut into several chunks each: their pairs merged here
             m, d = self.merge(pairs[:, :, 0].t(), pairs[:, :, 1].t())
         else:
             m, d = pairs[:, 0, 0], pairs[:, 0, 1]
-        return m.view(x.shape[:-1]), d.view(x.shape[:-1])
+        shape = _reduced_shape(x, axis)
+        return m.view(shape), d.view(shape)
 
     def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
         import torch
 
-        if not self._rows(x, axis):
-            return super().finish(x, m, d, op, safe, axis)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        dtype, rows, chunks, _, second = self._split_passes(x, y.data_ptr(), op, safe)
+        passes = self._forward_passes(x, axis, y, op, safe)
+        if passes is None:
+            return super().finish(x, m, d, op, safe, axis)
+        rows, chunks, _, second = passes
         # the row's (M, D) as its first chunk's pair, the monoid's identity (-inf, 0) as the others':
         # each chunk's block merges them into (M, D) exactly
         pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype)).unsqueeze(1)
@@ -224,52 +271,61 @@ class KernelMath(TorchMath):
             identity[:, :, 0] = float("-inf")
             pairs = torch.cat((pairs, identity), dim=1)
         pairs = pairs.contiguous()
-        self.launch(second, dtype, {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
+        self.launch(second, _dtype(x), {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
         if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
-            y.masked_fill_((m == float("-inf")).unsqueeze(-1), float("-inf"))
+            y.masked_fill_((m == float("-inf")).unsqueeze(axis), float("-inf"))
         return y
 
-    def _grad_rows(self, dy: Tensor, y: Tensor, axis: int) -> bool:
-        return self._rows(y, axis) and dy.dtype == y.dtype and dy.shape == y.shape and dy.is_contiguous()
-
-    def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx_ptr: int, safe: bool = False):
-        """(dtype, rows, chunks, the sums pass, the finish pass) of the gradient's two-pass split for
-        these addresses (planner_backward.plan_split_passes)."""
+    def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx: Tensor, axis: int, safe: bool = False):
+        """(rows or positions, chunks a row, the sums pass, the finish pass) for these tensors (dx:
+        dy for the first pass alone), or None where their layouts are not the kernels'."""
         from ._arrays import element_misalign
-        from .planner_backward import GradRowProblem, plan_split_passes
+        from .layout import Rows
+        from .planner_backward import GradRowProblem, GradStridedProblem, plan_split_passes, plan_strided_passes
 
-        dtype = str(y.dtype).removeprefix("torch.")
-        cols = y.shape[-1]
-        rows = y.numel() // cols
-        misaligns = tuple(element_misalign(ptr, dtype) for ptr in (dy.data_ptr(), y.data_ptr(), dx_ptr))
-        problem = GradRowProblem(dtype, op, rows, cols, None, misaligns, safe)
-        return (dtype, rows, *_passes(plan_split_passes, problem, self.profile))
+        if dy.dtype != y.dtype or dy.shape != y.shape:
+            return None
+        layouts = _layouts((dy, y, dx), axis)
+        if layouts is None:
+            return None
+        dtype = _dtype(y)
+        misaligns = tuple(element_misalign(t.data_ptr(), dtype) for t in (dy, y, dx))
+        first = layouts[0]
+        if isinstance(first, Rows):
+            strides = tuple(lay.row_stride for lay in layouts)
+            problem = GradRowProblem(dtype, op, first.rows, first.cols, strides, misaligns, safe)
+            return (first.rows, *_passes(plan_split_passes, problem, self.profile))
+        problem = GradStridedProblem(dtype, op, first.outer, first.cols, first.inner,
+                                     *(lay.strides for lay in layouts), safe, misaligns)
+        return (first.outer * first.inner, *_passes(plan_strided_passes, problem, self.profile))
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
-        if not self._grad_rows(dy, y, axis):
+        passes = self._grad_passes(op, dy, y, dy, axis)
+        if passes is None:
             return super().grad_dot(dy, y, op, axis)
-        dtype, rows, chunks, sums_pass, _ = self._grad_passes(op, dy, y, dy.data_ptr())
+        rows, chunks, sums_pass, _ = passes
         sums = torch.empty(rows, chunks, 2, dtype=torch.float64, device=y.device)  # (sum, top) a chunk
-        self.launch(sums_pass, dtype, {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
+        self.launch(sums_pass, _dtype(y), {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
         if chunks > 1:  # few rows, cut into several chunks each
             total, top = sums[:, :, 0].sum(dim=1), sums[:, :, 1].amax(dim=1)  # amax keeps NaN
         else:
             total, top = sums[:, 0, 0], sums[:, 0, 1]
         # a fresh contiguous tensor for the all_reduce; log_softmax's NaN top folded into the sum
         s = torch.where(top.isnan(), top, total) if op == "log_softmax" else total.clone()
-        return s.view(y.shape[:-1])
+        return s.view(_reduced_shape(y, axis))
 
     def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int,
                     empty: Tensor | None = None) -> Tensor:
         import torch
 
-        if not self._grad_rows(dy, y, axis):
-            return super().grad_finish(dy, y, s, op, axis, empty)
         dx = torch.empty_like(y, memory_format=torch.contiguous_format)
         safe = empty is not None and op == "log_softmax"
-        dtype, rows, chunks, _, finish_pass = self._grad_passes(op, dy, y, dx.data_ptr(), safe)
+        passes = self._grad_passes(op, dy, y, dx, axis, safe)
+        if passes is None:
+            return super().grad_finish(dy, y, s, op, axis, empty)
+        rows, chunks, _, finish_pass = passes
         # the row's (sum, top = 0) as its first chunk's, (0, -inf) as the others': merged, the row's
         sums = torch.zeros(rows, chunks, 2, dtype=torch.float64, device=y.device)
         if chunks > 1:
@@ -277,10 +333,10 @@ class KernelMath(TorchMath):
         sums[:, 0, 0] = s.reshape(-1)
         if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
             sums[:, 0, 1].masked_fill_(empty.reshape(-1), float("-inf"))
-        self.launch(finish_pass, dtype,
+        self.launch(finish_pass, _dtype(y),
                     {"dy": dy.data_ptr(), "y": y.data_ptr(), "dx": dx.data_ptr(), "sums": sums.data_ptr()})
         if empty is not None and not safe:  # softmax: y = 0 on such rows already; 0 even where dy is not finite
-            dx.masked_fill_(empty.unsqueeze(-1), 0.0)
+            dx.masked_fill_(empty.unsqueeze(axis), 0.0)
         return dx
 
 

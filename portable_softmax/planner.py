@@ -168,7 +168,9 @@ KERNEL_NAMES: dict[str, Callable[..., str]] = {
     "split_partials_buffered": V.split_partials_buffered_name,
     "split_normalize_buffered": V.split_normalize_buffered_name,
     "split_normalize": V.split_normalize_name, "strided": V.strided_name, "strided_thread": V.strided_thread_name,
-    "strided_cached": V.strided_cached_name,
+    "strided_cached": V.strided_cached_name, "strided_partials": V.strided_partials_name,
+    "strided_thread_partials": V.strided_thread_partials_name, "strided_finish": V.strided_finish_name,
+    "strided_thread_finish": V.strided_thread_finish_name,
 }
 
 
@@ -1430,6 +1432,49 @@ STRIDED_RULES: tuple[Rule, ...] = (
 def _plan_strided(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
     axis = _Axis(t, p, device)
     return first_rule(STRIDED_RULES, axis).build(axis).resolve()
+
+
+def plan_strided_passes(problem: StridedProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
+    """The strided tiers' two passes apart, for a caller that combines each position's pairs between
+    them (an axis sharded across ranks, whose collective runs there): the first launch writes each
+    position's (m, d) to ``partials`` (two of the compute type a position, positions in the order of
+    a contiguous (outer, inner) array), the second finishes each position with the pair it then finds
+    there. Short axes take a thread per 16 bytes of inner positions, others column groups; the on-chip
+    tier, whose point is one read where both passes run together, is not one of them.
+
+    >>> strides = (64 * 4096, 4096, 1)
+    >>> problem = StridedProblem("float32", "softmax", 8, 64, 4096, strides, strides)
+    >>> p = plan_strided_passes(problem, DeviceProfile.h100())
+    >>> [launch.kernel for launch in p.launches], p.scratch
+    (['ps_strided_thread_partials_f32_v4_l1', 'ps_strided_thread_finish_f32_softmax_v4_l1'], (('partials', 262144),))
+    """
+    _check_common(problem.dtype, problem.op, device)
+    t = default_tuning(device) if tuning is None else tuning
+    p = problem
+    if p.outer * p.inner <= 0 or p.cols <= 0:
+        return Plan("empty", ())
+    x_view = ((I64, p.outer), (I64, p.cols), (I64, p.inner), *((I64, s) for s in p.x_strides))
+    if _Axis(t, p, device).short():
+        vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
+        lines_a_thread = V.vector_widths(p.dtype)[1] // vec
+        grid = _work_grid(ceil(p.outer * ceil(p.inner / vec) / (t.strided_thread_threads * lines_a_thread)), device)
+        first = Step(Kernel("strided_thread_partials", (p.dtype, vec, lines_a_thread)), grid,
+                     t.strided_thread_threads, 0, (("ptr", "x"), ("ptr", "partials"), *x_view))
+        second = Step(Kernel("strided_thread_finish", (p.dtype, p.op, vec, lines_a_thread)), grid,
+                      t.strided_thread_threads, 0,
+                      (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), (I32, _safe(p))))
+        tier, notes = "strided_thread", {"vec": vec, "lines": lines_a_thread}
+    else:
+        both = _plan_strided_groups(t, p, device)
+        groups, inner_tile = both.steps[0], (I32, both.notes["inner_tile"])
+        first = replace(groups, kernel=Kernel("strided_partials", (p.dtype,)),
+                        args=(("ptr", "x"), ("ptr", "partials"), *x_view, inner_tile))
+        second = replace(groups, kernel=Kernel("strided_finish", (p.dtype, p.op)),
+                         args=(("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), inner_tile,
+                               (I32, _safe(p))))
+        tier, notes = "strided", {"inner_tile": inner_tile[1]}
+    scratch = (("partials", p.outer * p.inner * 2 * _compute_bytes(p.dtype)),)
+    return Draft(tier, (first, second), scratch, notes, scratch_zeroed=False).resolve()
 
 
 def widest_aligned(widths, outer: int, inner: int, strides, misaligns) -> int:

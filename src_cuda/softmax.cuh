@@ -1865,6 +1865,13 @@ PS_DEVICE void merge_rows_in_slices(typename F::First* first, typename F::Second
   }
 }
 
+// The passes of a strided kernel. The one-GPU ops make both: each position's partial, then its
+// outputs. An axis sharded across ranks makes them apart, with the collective between: the first
+// publishes each position's partial (op.publish(at, partial)), the second finishes each position
+// from a given one (op.given(at)); `at` = o * inner + i, the positions' order as a contiguous
+// (outer, inner) array.
+enum StridedPasses { kBothPasses, kFirstPass, kSecondPass };
+
 // ---- a strided axis: column groups of a block, two reads ---------------------------------
 // The arrays are (outer, cols, inner). A block takes a tile of inner_tile neighbouring inner
 // positions (coalesced loads) and splits the reduced axis among blockDim / inner_tile column
@@ -1878,6 +1885,7 @@ PS_DEVICE void merge_rows_in_slices(typename F::First* first, typename F::Second
 //   Op::add<N>(acc, values), Op::partial(acc)   N values into a running partial; the partial
 //   Op::Finish(total, safe)             how the column's elements finish
 //   op.store(output, c, finish, value)  element c's output
+//   Op::kPasses                         the passes it makes (StridedPasses)
 // The policies are those of strided_thread too.
 template <typename Op>
 PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int inner_tile, int safe) {
@@ -1894,25 +1902,32 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
     const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
     const bool active = i < inner;
     const auto column = op.column(o, i);
-    typename Op::Accumulator acc;
     const int kDepth = 4;  // loads in flight per thread before their dependent use
-    if (active) {
-      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-        typename Op::Value v[kDepth];
+    P total;
+    if constexpr (Op::kPasses == kSecondPass) {
+      if (active) total = op.given(o * inner + i);
+    } else {
+      typename Op::Accumulator acc;
+      if (active) {
+        for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+          typename Op::Value v[kDepth];
 #pragma unroll
-        for (int u = 0; u < kDepth; ++u) v[u] = c0 + u * groups < cols ? op.load(column, c0 + u * groups) : Op::absent();
-        Op::template add<kDepth>(acc, v);
+          for (int u = 0; u < kDepth; ++u) v[u] = c0 + u * groups < cols ? op.load(column, c0 + u * groups) : Op::absent();
+          Op::template add<kDepth>(acc, v);
+        }
       }
+      F::put(part_first, part_second, PS_THREAD_X, Op::partial(acc));
+      PS_SYNC();
+      if (ty == 0) {  // each thread merges the groups of its own inner position
+        F::put(part_first, part_second, tx, merge_column_groups<P>(part_first, part_second, tx, groups, inner_tile));
+      }
+      PS_SYNC();
+      total = F::get(part_first, part_second, tx);
+      PS_SYNC();  // the next tile reuses the scratch
     }
-    F::put(part_first, part_second, PS_THREAD_X, Op::partial(acc));
-    PS_SYNC();
-    if (ty == 0) {  // each thread merges the groups of its own inner position
-      F::put(part_first, part_second, tx, merge_column_groups<P>(part_first, part_second, tx, groups, inner_tile));
-    }
-    PS_SYNC();
-    const P total = F::get(part_first, part_second, tx);
-    PS_SYNC();  // the next tile reuses the scratch
-    if (active) {
+    if constexpr (Op::kPasses == kFirstPass) {
+      if (active && ty == 0) op.publish(o * inner + i, total);
+    } else if (active) {
       const typename Op::Finish f(total, safe != 0);
       const auto out = op.output(o, i);
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
@@ -1951,6 +1966,7 @@ const int kStridedHeld = 8;             // vectors a thread holds
 //   Op::Partial, Op::partial(acc)           the partial of a position's whole axis
 //   Op::Finish(partial, safe)               how a position's elements finish
 //   op.store_vector<VEC>(line, c, finish, held)   row c's outputs of the line's VEC positions
+//   Op::kPasses, op.publish(at, partial), op.given(at)   as strided_axis's
 template <typename Op, int VEC, int LINES>
 PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int safe) {
   typedef typename Op::template Held<VEC> H;
@@ -1962,16 +1978,18 @@ PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int 
   for (i64 base = (i64)PS_BLOCK_X * block_lines; base < lines; base += (i64)PS_GRID_DIM_X * block_lines) {
     typename Op::Line line[LINES];
     bool live[LINES];
+    i64 first[LINES];  // the position of the line's first (passes apart: see StridedPasses)
 #pragma unroll
     for (int l = 0; l < LINES; ++l) {
       const i64 at = base + l * PS_BLOCK_DIM_X + PS_THREAD_X;
       live[l] = at < lines;
       const i64 o = at / vectors_per_outer, i = (at % vectors_per_outer) * VEC;
       line[l] = op.line(o, i);
+      first[l] = o * inner + i;
     }
     H held[LINES][kRows];
     typename Op::Accumulator acc[LINES][VEC];
-    for (i64 c0 = 0; c0 < cols; c0 += kRows) {
+    for (i64 c0 = 0; Op::kPasses != kSecondPass && c0 < cols; c0 += kRows) {
 #pragma unroll
       for (int l = 0; l < LINES; ++l) {
 #pragma unroll
@@ -2000,12 +2018,21 @@ PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int 
     for (int l = 0; l < LINES; ++l) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        part[l][j] = Op::partial(acc[l][j]);
-        if constexpr (kFinishOnce) finish_once[l][j] = F(part[l][j], safe != 0);
+        if constexpr (Op::kPasses == kSecondPass) {
+          if (live[l]) part[l][j] = op.given(first[l] + j);
+        } else {
+          part[l][j] = Op::partial(acc[l][j]);
+        }
+        if constexpr (Op::kPasses == kFirstPass) {
+          if (live[l]) op.publish(first[l] + j, part[l][j]);
+        } else if constexpr (kFinishOnce) {
+          finish_once[l][j] = F(part[l][j], safe != 0);
+        }
       }
     }
-    for (i64 c0 = 0; c0 < cols; c0 += kRows) {
-      if (cols > kRows) {  // all loads before the first store, which might alias them (in place)
+    for (i64 c0 = 0; Op::kPasses != kFirstPass && c0 < cols; c0 += kRows) {
+      // all loads before the first store, which might alias them (in place)
+      if (cols > kRows || Op::kPasses == kSecondPass) {
 #pragma unroll
         for (int l = 0; l < LINES; ++l) {
 #pragma unroll
@@ -2043,6 +2070,7 @@ template <typename T, int OP> struct ForwardStrided {
   typedef OnlineSum<C> Accumulator;
   typedef MD<C> Partial;
   typedef RowFinish<OP, T> Finish;
+  static constexpr int kPasses = kBothPasses;
   struct Line { const T* x; T* y; };
   template <int VEC> using Held = Vec<T, VEC>;
   const T* x;
@@ -2086,6 +2114,20 @@ template <typename T, int OP> struct ForwardStrided {
 #endif
 };
 
+// The forward's strided passes apart (StridedPasses), for an axis sharded across ranks: each
+// position's (m, d) as two values of C side by side in `pairs`, position `at` at pairs[2 * at].
+// The first pass is the same for both ops (OP = kSoftmax) and writes no y.
+template <typename T, int OP, int PASSES> struct ForwardStridedPass : ForwardStrided<T, OP> {
+  typedef typename compute_of<T>::type C;
+  static constexpr int kPasses = PASSES;
+  C* pairs;
+  PS_DEVICE void publish(i64 at, MD<C> md) const {
+    pairs[2 * at] = md.m;
+    pairs[2 * at + 1] = md.d;
+  }
+  PS_DEVICE MD<C> given(i64 at) const { return MD<C>{pairs[2 * at], pairs[2 * at + 1]}; }
+};
+
 // ---- a strided axis, on chip: chunks of the axis on co-resident blocks -------------------
 // strided_axis reads the tensor twice. Here a tile's reduced axis is split into `chunks` chunks
 // of chunk_cols, each cached in shared memory by one of the tile's co-resident blocks (as
@@ -2113,6 +2155,7 @@ PS_DEVICE void strided_cached(const Op& op, typename Op::Published published, un
   typedef typename Op::Partial P;
   typedef PartialFields<P> F;
   typedef typename Op::template Held<VEC> Held;
+  static_assert(Op::kPasses == kBothPasses, "a strided axis on chip makes both passes (its point is one read)");
   PS_SHARED typename F::First part_m[kStridedCachedThreads * VEC];  // the partial of each thread's positions
   PS_SHARED typename F::Second part_d[kStridedCachedThreads * VEC];
   const int kDepth = VEC == 1 ? 8 : 4;  // rows in flight per thread before their use: 8 values or 4 vectors
@@ -2393,6 +2436,45 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
                                                         outer, cols, inner, safe);                   \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V##_l##L)
+
+// A sharded axis's strided passes (ForwardStridedPass): the first writes each position's (m, d) to
+// `pairs`; the second finishes each position with the pair it finds there.
+#define PS_STRIDED_PARTIALS_ENTRY(DT, T)                                                              \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_partials_##DT(                                      \
+      const T* x, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, \
+      ps::i64 xsc, ps::i64 xsi, int inner_tile) {                                                      \
+    typedef ps::ForwardStridedPass<T, ps::kSoftmax, ps::kFirstPass> Op;                                \
+    ps::strided_axis(Op{{x, (T*)0, xso, xsc, xsi, 0, 0, 0}, pairs}, outer, cols, inner, inner_tile, 0);  \
+  }                                                                                                    \
+  PS_EXPORT_KERNEL(ps_strided_partials_##DT)
+
+#define PS_STRIDED_THREAD_PARTIALS_ENTRY(DT, T, V, L)                                                  \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_partials_##DT##_v##V##_l##L( \
+      const T* x, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, \
+      ps::i64 xsc, ps::i64 xsi) {                                                                      \
+    typedef ps::ForwardStridedPass<T, ps::kSoftmax, ps::kFirstPass> Op;                                \
+    ps::strided_thread<Op, V, L>(Op{{x, (T*)0, xso, xsc, xsi, 0, 0, 0}, pairs}, outer, cols, inner, 0);  \
+  }                                                                                                    \
+  PS_EXPORT_KERNEL(ps_strided_thread_partials_##DT##_v##V##_l##L)
+
+#define PS_STRIDED_FINISH_ENTRY(DT, T, OPN, OP)                                                        \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_finish_##DT##_##OPN(                                \
+      const T* x, T* y, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner,        \
+      ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile,    \
+      int safe) {                                                                                      \
+    typedef ps::ForwardStridedPass<T, OP, ps::kSecondPass> Op;                                         \
+    ps::strided_axis(Op{{x, y, xso, xsc, xsi, yso, ysc, ysi}, pairs}, outer, cols, inner, inner_tile, safe); \
+  }                                                                                                    \
+  PS_EXPORT_KERNEL(ps_strided_finish_##DT##_##OPN)
+
+#define PS_STRIDED_THREAD_FINISH_ENTRY(DT, T, OPN, OP, V, L)                                           \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_finish_##DT##_##OPN##_v##V##_l##L( \
+      const T* x, T* y, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner,        \
+      ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {         \
+    typedef ps::ForwardStridedPass<T, OP, ps::kSecondPass> Op;                                         \
+    ps::strided_thread<Op, V, L>(Op{{x, y, xso, xsc, xsi, yso, ysc, ysi}, pairs}, outer, cols, inner, safe); \
+  }                                                                                                    \
+  PS_EXPORT_KERNEL(ps_strided_thread_finish_##DT##_##OPN##_v##V##_l##L)
 
 #define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kCachedThreads, ps::min_blocks<T>(ps::kCachedMinBlocks)) \

@@ -30,6 +30,7 @@ from portable_softmax.planner_backward import (
     GradTuning,
     plan_backward,
     plan_backward_from_input,
+    plan_strided_passes,
 )
 
 WARPS = V.WARP_SIZES
@@ -518,6 +519,8 @@ def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
             plans = [plan_backward(problem, device)]
             if isinstance(problem, GradRowProblem):  # and dx from x, where a row is held in registers
                 plans.append(plan_backward_from_input(problem, device))
+            else:  # and its passes apart (an axis sharded across ranks)
+                plans.append(plan_strided_passes(problem, device))
             names = {launch.kernel for p in plans if p is not None for launch in p.launches}
             assert names <= built, (device.name, problem, names - built)
             planned |= names

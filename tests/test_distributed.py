@@ -551,34 +551,49 @@ def _grad_bound(dtype, *magnitudes) -> float:
     return 16 * eps * sum(magnitudes)
 
 
-def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str) -> None:
+def _rows_of(t: torch.Tensor, axis: int) -> torch.Tensor:
+    """t's rows along ``axis`` (the positions of the reduced shape in C order), as a 2-D tensor."""
+    return t.movedim(axis, -1).reshape(-1, t.shape[axis])
+
+
+#: the kernels each step must launch: the row split's, or the strided passes'
+ROW_STEPS = (("ps_bwd_partials_",), ("ps_bwd_finish_",))
+STRIDED_STEPS = (("ps_bwd_strided_sums_", "ps_bwd_strided_thread_sums_"),
+                 ("ps_bwd_strided_finish_", "ps_bwd_strided_thread_finish_"))
+
+
+def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str, axis: int = 1,
+                      kernels=ROW_STEPS) -> None:
     """KernelMath's grad_dot and grad_finish against TorchMath's (and both against float64 operations on
-    the same inputs); each step must have launched its kernel."""
+    the same inputs) along ``axis``; each step must have launched its kernel (``kernels``: the name
+    prefixes of each step's). ``empty`` has the reduced shape; the special rows of _grad_case are
+    the rows of _rows_of."""
     from portable_softmax import _sharded
 
     dtype = y.dtype
+    reduced = y.shape[:axis] + y.shape[axis + 1:]
     dy_kept, y_kept = dy.clone(), y.clone()
     names.clear()
-    s = math.grad_dot(dy, y, op, 1)
-    want = _sharded.TORCH.grad_dot(dy, y, op, 1)
-    assert names and names[0].startswith("ps_bwd_partials_"), f"{what}: grad_dot launched {names}"
-    assert s.dtype == torch.float64 and s.shape == y.shape[:1], f"{what}: row sums {s.dtype} {tuple(s.shape)}"
+    s = math.grad_dot(dy, y, op, axis)
+    want = _sharded.TORCH.grad_dot(dy, y, op, axis)
+    assert names and names[0].startswith(kernels[0]), f"{what}: grad_dot launched {names}"
+    assert s.dtype == torch.float64 and s.shape == reduced, f"{what}: row sums {s.dtype} {tuple(s.shape)}"
     terms = (dy.double() * y.double()) if op == "softmax" else dy.double()
-    room = _grad_bound(dtype, terms.abs().nan_to_num(0.0).sum(1))
-    assert _same(s.isnan(), want.isnan()), f"{what}: NaN sums at rows {s.isnan().nonzero().flatten().tolist()}, " \
-                                           f"want {want.isnan().nonzero().flatten().tolist()}"
+    room = _grad_bound(dtype, terms.abs().nan_to_num(0.0).sum(axis))
+    assert _same(s.isnan(), want.isnan()), f"{what}: NaN sums at rows {s.isnan().nonzero().tolist()}, " \
+                                           f"want {want.isnan().nonzero().tolist()}"
     ok = ((s - want).abs() <= room) | want.isnan()
     assert bool(ok.all()), f"{what}: row sums {s[~ok].tolist()}, want {want[~ok].tolist()}"
     # the finish with a row total as the all_reduce would leave it (other ranks' parts added)
     total = want * 1.5 + 0.25
     for mask in (empty, None):
         names.clear()
-        dx = math.grad_finish(dy, y, total, op, 1, mask)
-        assert names and names[0].startswith("ps_bwd_finish_"), f"{what}: grad_finish launched {names}"
+        dx = math.grad_finish(dy, y, total, op, axis, mask)
+        assert names and names[0].startswith(kernels[1]), f"{what}: grad_finish launched {names}"
         assert dx.dtype == dtype and dx.shape == y.shape, f"{what}: dx {dx.dtype} {tuple(dx.shape)}"
-        torch_dx = _sharded.TORCH.grad_finish(dy, y, total, op, 1, mask)
-        exact = _sharded.TORCH.grad_finish(dy.double(), y.double(), total, op, 1, mask)
-        y64, dy64, s64 = y.double(), dy.double(), total.unsqueeze(1).abs()
+        torch_dx = _sharded.TORCH.grad_finish(dy, y, total, op, axis, mask)
+        exact = _sharded.TORCH.grad_finish(dy.double(), y.double(), total, op, axis, mask)
+        y64, dy64, s64 = y.double(), dy.double(), total.unsqueeze(axis).abs()
         scale = y64.abs() * (dy64.abs() + s64) if op == "softmax" else dy64.abs() + y64.exp() * s64
         info = torch.finfo(dtype)  # an ulp of the output dtype, the subnormals' spacing included
         bound = info.eps * (exact.abs() + info.tiny) + _grad_bound(dtype, scale.nan_to_num(0.0))
@@ -587,15 +602,16 @@ def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str) 
             ok = ((g - exact).abs() <= bound) | (g.isnan() & exact.isnan()) | ((g == exact) & exact.isinf())
             assert bool(ok.all()), f"{what} empty={mask is not None} ({name}): {int((~ok).sum())} elements off, " \
                                    f"got {g[~ok][:4].tolist()} want {exact[~ok][:4].tolist()}"
-        if y.shape[0] >= 5:
-            assert bool(dx[1:3].isnan().all()), f"{what}: a NaN in y leaves dx of its row not all NaN"
-            assert not dx[[0, 4]].isnan().any(), f"{what}: NaN leaked into other rows"
+        rows_dx, rows_dy = _rows_of(dx, axis), _rows_of(dy, axis)
+        if rows_dx.shape[0] >= 5:
+            assert bool(rows_dx[1:3].isnan().all()), f"{what}: a NaN in y leaves dx of its row not all NaN"
+            assert not rows_dx[[0, 4]].isnan().any(), f"{what}: NaN leaked into other rows"
             if op == "log_softmax":  # a slice of all -inf: exp(y) = 0, dx = dy; constant rows (empty): 0
-                assert torch.equal(dx[4], dy[4]), f"{what}: a slice of all -inf has dx {dx[4]}"
-                want_3 = torch.zeros_like(dy[3]) if mask is not None else dy[3]
-                assert torch.equal(dx[3], want_3), f"{what} empty={mask is not None}: dx {dx[3]}"
+                assert torch.equal(rows_dx[4], rows_dy[4]), f"{what}: a slice of all -inf has dx {rows_dx[4]}"
+                want_3 = torch.zeros_like(rows_dy[3]) if mask is not None else rows_dy[3]
+                assert torch.equal(rows_dx[3], want_3), f"{what} empty={mask is not None}: dx {rows_dx[3]}"
             else:
-                assert bool((dx[3:5] == 0).all()), f"{what}: softmax rows of y = 0 have dx {dx[3:5]}"
+                assert bool((rows_dx[3:5] == 0).all()), f"{what}: softmax rows of y = 0 have dx {rows_dx[3:5]}"
     assert _same(dy, dy_kept) and _same(y, y_kept), f"{what}: the inputs were changed"
 
 
@@ -622,21 +638,100 @@ def test_kernel_math_gradient_matches_torch_math(emulated, warp, dtype, rng):
             _check_grad_steps(math, names, dy, y, empty, op, f"{warp} {dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
 
 
-def test_kernel_math_gradient_falls_back_to_torch(emulated):
-    """An incoming gradient that is not contiguous (an expanded one, as sum() gives) and a non-last axis
-    run torch operations, which give the same float64 row sums."""
+def _across(t: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
+    """A contiguous (outer, cols, inner) tensor whose rows along axis 1, in the order of its reduced
+    (outer, inner) shape, are the rows of the 2-D ``t`` (outer * inner rows): _rows_of gives t back."""
+    return t.reshape(outer, inner, t.shape[-1]).permute(0, 2, 1).contiguous()
+
+
+#: (outer, cols, inner, offset of dy, offset of y) of the strided passes: short axes a thread per
+#: vector of positions (wide and scalar; axes of one step and of several), longer ones column groups
+STRIDED_GRAD_SHAPES = ((1, 9, 8, 0, 0), (2, 5, 8, 0, 0), (2, 40, 3, 1, 1), (1, 300, 8, 0, 0), (3, 130, 2, 1, 2),
+                       (2, 70, 5, 0, 0))
+
+
+@pytest.mark.parametrize("warp", ["emu32", "emu64"])
+@pytest.mark.parametrize("dtype", GRAD_DTYPES)
+def test_kernel_math_gradient_of_a_strided_axis(emulated, warp, dtype, rng):
+    """grad_dot and grad_finish along a non-last axis, by the strided tiers' passes apart (a thread per
+    line of positions, or column groups), in the SIMT emulation at warp 32 and 64."""
+    math, names = _counting(_emulated_math(emulated[warp]))
+    for op in OPS:
+        for outer, cols, inner, dy_at, y_at in STRIDED_GRAD_SHAPES:
+            dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), outer * inner, cols, "cpu")
+            dy = _offset_rows(_across(dy, outer, inner), dy_at)
+            y = _offset_rows(_across(y, outer, inner), y_at)
+            _check_grad_steps(math, names, dy, y, empty.reshape(outer, inner), op,
+                              f"{warp} {dtype} {op} {outer}x{cols}x{inner}+{dy_at},{y_at}", 1, STRIDED_STEPS)
+
+
+def test_kernel_math_takes_any_view_and_falls_back_where_none_fits(emulated):
+    """An incoming gradient of stride 0 (an expanded one, as sum() gives) beside a contiguous y takes the
+    strided passes; dimensions that collapse to no (outer, cols, inner) view run torch operations. Both
+    give the same float64 row sums."""
     from portable_softmax import _sharded
 
     math, names = _counting(_emulated_math(emulated["emu32"]))
     y = torch.softmax(torch.randn(4, 9, dtype=torch.float64), 1).float()
     dy = torch.ones(()).expand(4, 9)
     s = math.grad_dot(dy, y, "softmax", 1)
-    assert not names and s.dtype == torch.float64 and torch.allclose(s, y.double().sum(1))
+    assert names[0].startswith(STRIDED_STEPS[0]) and torch.allclose(s, y.double().sum(1))
     dx = math.grad_finish(dy, y, s, "softmax", 1)
-    assert not names and torch.allclose(dx, _sharded.TORCH.grad_finish(dy, y, s, "softmax", 1))
-    yt = torch.log_softmax(torch.randn(9, 4, dtype=torch.float64), 0)
-    s0 = math.grad_dot(torch.ones(9, 4, dtype=torch.float64), yt, "log_softmax", 0)
-    assert not names and torch.equal(s0, torch.full((4,), 9.0, dtype=torch.float64))
+    assert torch.allclose(dx, _sharded.TORCH.grad_finish(dy, y, s, "softmax", 1))
+    names.clear()
+    tangled = torch.randn(4, 3, 9).permute(1, 0, 2)  # (3, 4, 9) whose outer dimensions do not collapse
+    m, d = math.partials(tangled, 2)
+    want_m, want_d = _sharded.TORCH.partials(tangled, 2)
+    assert not names and torch.equal(m, want_m) and torch.allclose(d, want_d)
+    yt = torch.log_softmax(torch.randn(9, 4, 3, dtype=torch.float64), 0).permute(0, 2, 1)
+    s0 = math.grad_dot(torch.ones(9, 3, 4, dtype=torch.float64), yt, "log_softmax", 0)
+    assert not names and torch.equal(s0, torch.full((3, 4), 9.0, dtype=torch.float64))
+
+
+#: (outer, cols, inner, offset) of the forward's strided passes, as STRIDED_GRAD_SHAPES
+STRIDED_SHAPES = ((1, 9, 8, 0), (2, 5, 8, 0), (2, 40, 3, 1), (1, 300, 8, 0), (3, 130, 2, 3), (2, 70, 5, 0))
+
+
+@pytest.mark.parametrize("warp", ["emu32", "emu64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_kernel_math_of_a_strided_axis(emulated, warp, dtype, rng):
+    """partials and finish along a non-last axis by the strided tiers' passes apart, against torch
+    operations: positions of NaN, of some -inf and of all -inf, safe or not, every op."""
+    from portable_softmax import _sharded
+
+    math, names = _counting(_emulated_math(emulated[warp]))
+    torch_dtype = getattr(torch, dtype)
+    for outer, cols, inner, offset in STRIDED_SHAPES:
+        x64 = torch.from_numpy(rng.standard_normal((outer * inner, cols)) * 4)
+        x64[0, : cols // 2] = NEG_INF
+        if outer * inner > 2:
+            x64[1] = NEG_INF
+            x64[2, cols // 3] = float("nan")
+        x = _offset_rows(_across(x64.to(torch_dtype), outer, inner), offset)
+        what = f"{warp} {dtype} {outer}x{cols}x{inner}+{offset}"
+        names.clear()
+        m, d = math.partials(x, 1)
+        assert names and names[0].startswith(("ps_strided_partials_", "ps_strided_thread_partials_")), names
+        want_m, want_d = _sharded.TORCH.partials(x, 1)
+        assert m.shape == (outer, inner) and _same(m, want_m), f"{what}: m {m} want {want_m}"
+        close = (d - want_d).abs() <= 1e-6 + 1e-5 * want_d.abs()
+        assert bool((close | (d.isnan() & want_d.isnan())).all()), f"{what}: d {d} want {want_d}"
+        other_m, other_d = m + 1.5, d * 2 + 1  # a merged (M, D) from another rank's slice
+        for op in OPS:
+            for safe in (False, True):
+                names.clear()
+                y = math.finish(x, other_m, other_d, op, safe, 1)
+                assert names and names[0].startswith(("ps_strided_finish_", "ps_strided_thread_finish_")), names
+                want = _sharded.TORCH.finish(x.double(), other_m.double(), other_d.double(), op, safe, 1)
+                assert y.dtype == x.dtype and y.shape == x.shape
+                bad = _tolerance.outside(_as_numpy(y), want.numpy())
+                assert not bad.any(), f"{what} {op} safe={safe}: {_as_numpy(y)[bad][:4]}"
+        empty = _offset_rows(torch.full_like(x, NEG_INF), offset)  # all -inf everywhere
+        empty_m, empty_d = math.partials(empty, 1)
+        assert (empty_m == NEG_INF).all() and (empty_d == 0).all(), f"{empty_m} {empty_d}"
+        for op, filled in (("softmax", 0.0), ("log_softmax", NEG_INF)):
+            assert math.finish(empty, empty_m, empty_d, op, False, 1).isnan().all()
+            assert (math.finish(empty, empty_m, empty_d, op, True, 1) == filled).all()
 
 
 def _gpu_math_or_skip():
