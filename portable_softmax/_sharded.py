@@ -34,6 +34,7 @@ True
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 Tensor = Any  # torch.Tensor; torch is imported lazily
@@ -138,8 +139,9 @@ TORCH = TorchMath()
 @functools.lru_cache(maxsize=512)
 def _passes(planner, problem, profile) -> tuple:
     """(chunks, first pass, second pass) of a two-pass plan, each pass a Plan of its own (the
-    collective runs between them), kept per problem: a repeat call plans nothing. ``chunks`` is
-    the two-pass split's chunks a row, 1 for the strided passes (a pair a position)."""
+    collective runs between them), kept per problem: a repeat call plans nothing. ``chunks``: the
+    chunks of a row (the row split) or of a position's axis (the strided passes) the first pass
+    writes a pair for."""
     from .planner import Plan
 
     both = planner(problem, profile)
@@ -148,6 +150,21 @@ def _passes(planner, problem, profile) -> tuple:
 
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """A two-pass plan's passes over an (outer, axis, inner) view (rows: inner 1): the first writes a
+    pair for each of ``chunks`` chunks of each position, as a contiguous (outer, chunks, inner) array;
+    the second takes one pair a position (the row split: a pair for each chunk, the row's pair as its
+    first chunk's and the monoid's identity as the others')."""
+
+    outer: int
+    inner: int
+    split: bool
+    chunks: int
+    first: Any
+    second: Any
 
 
 def _layout(t: Tensor, axis: int):
@@ -191,8 +208,10 @@ class KernelMath(TorchMath):
     row split cuts a row into one chunk where the rows fill the device, several where they are few
     (their chunks' results merged here before the collective); its second pass is handed the row's
     combined result as the row's first chunk's and the monoid's identity as the others', which merge
-    back into it exactly. The strided passes take a pair a position: position (o, i) of the
-    (outer, inner) view at o * inner + i, the order of the reduced shape's contiguous tensor.
+    back into it exactly. The strided passes cut a position's axis into chunks where its positions
+    are too few to fill the device (merged here too); their second pass takes a pair a position:
+    position (o, i) of the (outer, inner) view at o * inner + i, the order of the reduced shape's
+    contiguous tensor.
 
     Forward: the first pass (``ps_split_partials_*``, ``ps_strided*_partials_*``) writes each chunk's
     or position's (m, d); the second (``ps_split_normalize_*``, ``ps_strided*_finish_*``), given the
@@ -220,9 +239,9 @@ class KernelMath(TorchMath):
     def __init__(self, profile, launch) -> None:
         self.profile, self.launch = profile, launch
 
-    def _forward_passes(self, x: Tensor, axis: int, y: Tensor, op: str, safe: bool):
-        """(rows or positions, chunks a row, the partials pass, the normalise pass) for x and its
-        output y (x itself for the first pass alone), or None where x's layout is not the kernels'."""
+    def _forward_passes(self, x: Tensor, axis: int, y: Tensor, op: str, safe: bool) -> _Passes | None:
+        """The two passes for x and its output y (x itself for the first pass alone), or None where
+        x's layout is not the kernels'."""
         from ._arrays import element_misalign
         from .layout import Rows
         from .planner import RowProblem, StridedProblem, plan_split_passes, plan_strided_passes
@@ -235,9 +254,9 @@ class KernelMath(TorchMath):
         misaligns = (element_misalign(x.data_ptr(), dtype), element_misalign(y.data_ptr(), dtype))
         if isinstance(xl, Rows):
             p = RowProblem(dtype, op, xl.rows, xl.cols, xl.row_stride, yl.row_stride, *misaligns, safe)
-            return (xl.rows, *_passes(plan_split_passes, p, self.profile))
+            return _Passes(xl.rows, 1, True, *_passes(plan_split_passes, p, self.profile))
         p = StridedProblem(dtype, op, xl.outer, xl.cols, xl.inner, xl.strides, yl.strides, safe, *misaligns)
-        return (xl.outer * xl.inner, *_passes(plan_strided_passes, p, self.profile))
+        return _Passes(xl.outer, xl.inner, False, *_passes(plan_strided_passes, p, self.profile))
 
     def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
         import torch
@@ -245,15 +264,15 @@ class KernelMath(TorchMath):
         passes = self._forward_passes(x, axis, x, "softmax", False)
         if passes is None:
             return super().partials(x, axis)
-        rows, chunks, first, _ = passes
-        pairs = torch.empty(rows, chunks, 2, dtype=compute_dtype(x.dtype), device=x.device)
-        self.launch(first, _dtype(x), {"x": x.data_ptr(), "partials": pairs.data_ptr()})
-        if chunks > 1:  # few rows, cut into several chunks each: their pairs merged here
-            m, d = self.merge(pairs[:, :, 0].t(), pairs[:, :, 1].t())
+        pairs = torch.empty(passes.outer, passes.chunks, passes.inner, 2, dtype=compute_dtype(x.dtype),
+                            device=x.device)
+        self.launch(passes.first, _dtype(x), {"x": x.data_ptr(), "partials": pairs.data_ptr()})
+        if passes.chunks > 1:  # a position's chunks: their pairs merged here
+            m, d = self.merge(pairs[..., 0].movedim(1, 0), pairs[..., 1].movedim(1, 0))
         else:
-            m, d = pairs[:, 0, 0], pairs[:, 0, 1]
+            m, d = pairs[:, 0, :, 0], pairs[:, 0, :, 1]
         shape = _reduced_shape(x, axis)
-        return m.view(shape), d.view(shape)
+        return m.reshape(shape), d.reshape(shape)
 
     def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
         import torch
@@ -262,23 +281,25 @@ class KernelMath(TorchMath):
         passes = self._forward_passes(x, axis, y, op, safe)
         if passes is None:
             return super().finish(x, m, d, op, safe, axis)
-        rows, chunks, _, second = passes
-        # the row's (M, D) as its first chunk's pair, the monoid's identity (-inf, 0) as the others':
-        # each chunk's block merges them into (M, D) exactly
-        pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype)).unsqueeze(1)
-        if chunks > 1:
-            identity = torch.zeros(rows, chunks - 1, 2, dtype=pairs.dtype, device=x.device)
-            identity[:, :, 0] = float("-inf")
-            pairs = torch.cat((pairs, identity), dim=1)
+        pairs = torch.stack((m.reshape(-1), d.reshape(-1)), dim=1).to(compute_dtype(x.dtype))
+        if passes.split:
+            # the row's (M, D) as its first chunk's pair, the monoid's identity (-inf, 0) as the
+            # others': each chunk's block merges them into (M, D) exactly
+            pairs = pairs.unsqueeze(1)
+            if passes.chunks > 1:
+                identity = torch.zeros(passes.outer, passes.chunks - 1, 2, dtype=pairs.dtype, device=x.device)
+                identity[:, :, 0] = float("-inf")
+                pairs = torch.cat((pairs, identity), dim=1)
         pairs = pairs.contiguous()
-        self.launch(second, _dtype(x), {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
+        self.launch(passes.second, _dtype(x), {"x": x.data_ptr(), "y": y.data_ptr(), "partials": pairs.data_ptr()})
         if safe and op == "log_softmax":  # the kernels give NaN for a row of all -inf; safe asks for -inf
             y.masked_fill_((m == float("-inf")).unsqueeze(axis), float("-inf"))
         return y
 
-    def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx: Tensor, axis: int, safe: bool = False):
-        """(rows or positions, chunks a row, the sums pass, the finish pass) for these tensors (dx:
-        dy for the first pass alone), or None where their layouts are not the kernels'."""
+    def _grad_passes(self, op: str, dy: Tensor, y: Tensor, dx: Tensor, axis: int,
+                     safe: bool = False) -> _Passes | None:
+        """The two passes for these tensors (dx: dy for the first pass alone), or None where their
+        layouts are not the kernels'."""
         from ._arrays import element_misalign
         from .layout import Rows
         from .planner_backward import GradRowProblem, GradStridedProblem, plan_split_passes, plan_strided_passes
@@ -294,10 +315,10 @@ class KernelMath(TorchMath):
         if isinstance(first, Rows):
             strides = tuple(lay.row_stride for lay in layouts)
             problem = GradRowProblem(dtype, op, first.rows, first.cols, strides, misaligns, safe)
-            return (first.rows, *_passes(plan_split_passes, problem, self.profile))
+            return _Passes(first.rows, 1, True, *_passes(plan_split_passes, problem, self.profile))
         problem = GradStridedProblem(dtype, op, first.outer, first.cols, first.inner,
                                      *(lay.strides for lay in layouts), safe, misaligns)
-        return (first.outer * first.inner, *_passes(plan_strided_passes, problem, self.profile))
+        return _Passes(first.outer, first.inner, False, *_passes(plan_strided_passes, problem, self.profile))
 
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
@@ -305,16 +326,16 @@ class KernelMath(TorchMath):
         passes = self._grad_passes(op, dy, y, dy, axis)
         if passes is None:
             return super().grad_dot(dy, y, op, axis)
-        rows, chunks, sums_pass, _ = passes
-        sums = torch.empty(rows, chunks, 2, dtype=torch.float64, device=y.device)  # (sum, top) a chunk
-        self.launch(sums_pass, _dtype(y), {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
-        if chunks > 1:  # few rows, cut into several chunks each
-            total, top = sums[:, :, 0].sum(dim=1), sums[:, :, 1].amax(dim=1)  # amax keeps NaN
+        # (sum, top) a chunk of a position
+        sums = torch.empty(passes.outer, passes.chunks, passes.inner, 2, dtype=torch.float64, device=y.device)
+        self.launch(passes.first, _dtype(y), {"dy": dy.data_ptr(), "y": y.data_ptr(), "sums": sums.data_ptr()})
+        if passes.chunks > 1:  # a position's chunks
+            total, top = sums[..., 0].sum(dim=1), sums[..., 1].amax(dim=1)  # amax keeps NaN
         else:
-            total, top = sums[:, 0, 0], sums[:, 0, 1]
+            total, top = sums[:, 0, :, 0], sums[:, 0, :, 1]
         # a fresh contiguous tensor for the all_reduce; log_softmax's NaN top folded into the sum
         s = torch.where(top.isnan(), top, total) if op == "log_softmax" else total.clone()
-        return s.view(_reduced_shape(y, axis))
+        return s.reshape(_reduced_shape(y, axis))
 
     def grad_finish(self, dy: Tensor, y: Tensor, s: Tensor, op: str, axis: int,
                     empty: Tensor | None = None) -> Tensor:
@@ -325,15 +346,16 @@ class KernelMath(TorchMath):
         passes = self._grad_passes(op, dy, y, dx, axis, safe)
         if passes is None:
             return super().grad_finish(dy, y, s, op, axis, empty)
-        rows, chunks, _, finish_pass = passes
         # the row's (sum, top = 0) as its first chunk's, (0, -inf) as the others': merged, the row's
-        sums = torch.zeros(rows, chunks, 2, dtype=torch.float64, device=y.device)
+        # (the strided passes: one pair a position)
+        chunks = passes.chunks if passes.split else 1
+        sums = torch.zeros(passes.outer * passes.inner, chunks, 2, dtype=torch.float64, device=y.device)
         if chunks > 1:
             sums[:, 1:, 1] = float("-inf")
         sums[:, 0, 0] = s.reshape(-1)
         if safe:  # top = -inf with safe = 1: the kernel's zero gradient of a constant row
             sums[:, 0, 1].masked_fill_(empty.reshape(-1), float("-inf"))
-        self.launch(finish_pass, _dtype(y),
+        self.launch(passes.second, _dtype(y),
                     {"dy": dy.data_ptr(), "y": y.data_ptr(), "dx": dx.data_ptr(), "sums": sums.data_ptr()})
         if empty is not None and not safe:  # softmax: y = 0 on such rows already; 0 even where dy is not finite
             dx.masked_fill_(empty.unsqueeze(axis), 0.0)

@@ -280,28 +280,21 @@ PACKED_COLS = {2: (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20, 24
 
 
 def strided_pass_variants(dtype: str) -> tuple[tuple[int, int], ...]:
-    """(vec, lines) of the short-axis strided tier's passes apart (a sharded axis): 16 bytes of inner
-    positions a thread, in vectors of ``vec``."""
+    """(vec, lines) of the strided passes apart (a sharded non-last axis, strided_thread over chunks of
+    the axis): 16 bytes of inner positions a thread, in vectors of ``vec``."""
     widest = vector_widths(dtype)[1]
     return tuple((vec, widest // vec) for vec in strided_thread_widths(dtype))
 
 
-def strided_partials_name(dtype: str) -> str:
-    """A sharded non-last axis's first pass: each position's (m, d) (the same for both ops)."""
-    return f"ps_strided_partials_{DTYPES[dtype][0]}"
+def strided_partials_name(dtype: str, vec: int, lines: int) -> str:
+    """A sharded non-last axis's first pass: the (m, d) of each chunk of each position (the same for
+    both ops), a thread per ``lines`` vectors of ``vec`` positions."""
+    return f"ps_strided_partials_{DTYPES[dtype][0]}_v{vec}_l{lines}"
 
 
-def strided_thread_partials_name(dtype: str, vec: int, lines: int) -> str:
-    return f"ps_strided_thread_partials_{DTYPES[dtype][0]}_v{vec}_l{lines}"
-
-
-def strided_finish_name(dtype: str, op: str) -> str:
+def strided_finish_name(dtype: str, op: str, vec: int, lines: int) -> str:
     """A sharded non-last axis's second pass: each position finished with a given (m, d)."""
-    return f"ps_strided_finish_{DTYPES[dtype][0]}_{op}"
-
-
-def strided_thread_finish_name(dtype: str, op: str, vec: int, lines: int) -> str:
-    return f"ps_strided_thread_finish_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
+    return f"ps_strided_finish_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
 def packed_cols(dtype: str) -> tuple[int, ...]:
@@ -351,17 +344,15 @@ def warp_free_entries(dtype: str) -> list[Entry]:
                 for vec, lines in strided_thread_variants(dtype)]
         out += [Entry(strided_cached_name(dtype, op, vec), "PS_STRIDED_CACHED_ENTRY", (*head, vec))
                 for vec in strided_vector_widths(dtype)]
-        out.append(Entry(strided_finish_name(dtype, op), "PS_STRIDED_FINISH_ENTRY", head))
-        out += [Entry(strided_thread_finish_name(dtype, op, vec, lines), "PS_STRIDED_THREAD_FINISH_ENTRY",
-                      (*head, vec, lines)) for vec, lines in strided_pass_variants(dtype)]
+        out += [Entry(strided_finish_name(dtype, op, vec, lines), "PS_STRIDED_FINISH_ENTRY", (*head, vec, lines))
+                for vec, lines in strided_pass_variants(dtype)]
         out.append(Entry(staged_name(dtype, op), "PS_STAGED_ENTRY", (*head, widest)))
         out += [Entry(staged_group_name(dtype, op, lanes), "PS_STAGED_GROUP_ENTRY", (*head, lanes, widest))
                 for lanes in staged_group_lanes(dtype)]
         out += [Entry(packed_name(dtype, op, cols), "PS_PACKED_ENTRY", (*head, cols, widest))
                 for cols in packed_cols(dtype)]
-    out.append(Entry(strided_partials_name(dtype), "PS_STRIDED_PARTIALS_ENTRY", (tag, ctype)))
-    out += [Entry(strided_thread_partials_name(dtype, vec, lines), "PS_STRIDED_THREAD_PARTIALS_ENTRY",
-                  (tag, ctype, vec, lines)) for vec, lines in strided_pass_variants(dtype)]
+    out += [Entry(strided_partials_name(dtype, vec, lines), "PS_STRIDED_PARTIALS_ENTRY", (tag, ctype, vec, lines))
+            for vec, lines in strided_pass_variants(dtype)]
     return out
 
 
@@ -606,22 +597,14 @@ def grad_strided_cached_name(dtype: str, op: str, vec: int) -> str:
     return f"ps_bwd_strided_cached_{DTYPES[dtype][0]}_{op}_v{vec}"
 
 
-def grad_strided_sums_name(dtype: str, op: str) -> str:
-    """A sharded non-last axis's gradient, first pass: each position's (sum, top)."""
-    return f"ps_bwd_strided_sums_{DTYPES[dtype][0]}_{op}"
+def grad_strided_sums_name(dtype: str, op: str, vec: int, lines: int) -> str:
+    """A sharded non-last axis's gradient, first pass: the (sum, top) of each chunk of each position."""
+    return f"ps_bwd_strided_sums_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
-def grad_strided_finish_name(dtype: str, op: str) -> str:
+def grad_strided_finish_name(dtype: str, op: str, vec: int, lines: int) -> str:
     """... second pass: each position finished with a given (sum, top)."""
-    return f"ps_bwd_strided_finish_{DTYPES[dtype][0]}_{op}"
-
-
-def grad_strided_thread_sums_name(dtype: str, op: str, vec: int, lines: int) -> str:
-    return f"ps_bwd_strided_thread_sums_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
-
-
-def grad_strided_thread_finish_name(dtype: str, op: str, vec: int, lines: int) -> str:
-    return f"ps_bwd_strided_thread_finish_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
+    return f"ps_bwd_strided_finish_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
 def grad_warp_free_entries(dtype: str) -> list[Entry]:
@@ -635,8 +618,7 @@ def grad_warp_free_entries(dtype: str) -> list[Entry]:
         out += [Entry(grad_strided_thread_name(dtype, op, vec, lines), "PS_GRAD_STRIDED_THREAD_ENTRY",
                       (tag, ctype, op, enum, vec, lines)) for vec, lines in strided_thread_variants(dtype)]
         # the passes apart (a sharded axis): each macro defines the sums pass and the finish pass
-        out.append(Entry(grad_strided_sums_name(dtype, op), "PS_GRAD_STRIDED_PASSES_ENTRY", (tag, ctype, op, enum)))
-        out += [Entry(grad_strided_thread_sums_name(dtype, op, vec, lines), "PS_GRAD_STRIDED_THREAD_PASSES_ENTRY",
+        out += [Entry(grad_strided_sums_name(dtype, op, vec, lines), "PS_GRAD_STRIDED_PASSES_ENTRY",
                       (tag, ctype, op, enum, vec, lines)) for vec, lines in strided_pass_variants(dtype)]
     return out
 
@@ -667,9 +649,7 @@ def backward_catalogue(dtype: str, backend: str) -> set[str]:
     warps, async_copy = BACKENDS[backend]
     names = {e.name for e in grad_warp_free_entries(dtype) if async_copy or not e.async_copy}
     for op in OPS:  # the finish passes that the sums passes' macros define beside them
-        names.add(grad_strided_finish_name(dtype, op))
-        names.update(grad_strided_thread_finish_name(dtype, op, vec, lines)
-                     for vec, lines in strided_pass_variants(dtype))
+        names.update(grad_strided_finish_name(dtype, op, vec, lines) for vec, lines in strided_pass_variants(dtype))
     for warp in warps:
         names.update(e.name for e in grad_warp_entries(dtype, warp))
         names.update(grad_finish_name(dtype, op, warp, vec) for op in OPS for vec in vector_widths(dtype))

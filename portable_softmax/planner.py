@@ -169,8 +169,7 @@ KERNEL_NAMES: dict[str, Callable[..., str]] = {
     "split_normalize_buffered": V.split_normalize_buffered_name,
     "split_normalize": V.split_normalize_name, "strided": V.strided_name, "strided_thread": V.strided_thread_name,
     "strided_cached": V.strided_cached_name, "strided_partials": V.strided_partials_name,
-    "strided_thread_partials": V.strided_thread_partials_name, "strided_finish": V.strided_finish_name,
-    "strided_thread_finish": V.strided_thread_finish_name,
+    "strided_finish": V.strided_finish_name,
 }
 
 
@@ -441,6 +440,11 @@ class Tuning:
     strided_thread_max_cols: int = 512
     strided_thread_min_inner: int = 32
     strided_thread_threads: int = 256
+    #: the strided passes apart (a sharded non-last axis) cut the axis into chunks until its threads
+    #: number strided_pass_threads_per_sm a multiprocessor, each chunk of at least
+    #: strided_pass_min_chunk_rows rows (a chunk's partial is written and merged as a row of it is read)
+    strided_pass_threads_per_sm: int = 2048
+    strided_pass_min_chunk_rows: int = 64
 
     def __post_init__(self) -> None:
         # dicts and lists given to replace() become SizeMaps and tuples, so a Tuning stays hashable
@@ -1434,47 +1438,66 @@ def _plan_strided(t: Tuning, p: StridedProblem, device: DeviceProfile) -> Plan:
     return first_rule(STRIDED_RULES, axis).build(axis).resolve()
 
 
-def plan_strided_passes(problem: StridedProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
-    """The strided tiers' two passes apart, for a caller that combines each position's pairs between
-    them (an axis sharded across ranks, whose collective runs there): the first launch writes each
-    position's (m, d) to ``partials`` (two of the compute type a position, positions in the order of
-    a contiguous (outer, inner) array), the second finishes each position with the pair it then finds
-    there. Short axes take a thread per 16 bytes of inner positions, others column groups; the on-chip
-    tier, whose point is one read where both passes run together, is not one of them.
+@dataclass(frozen=True)
+class StridedPasses:
+    """The shape of the strided passes apart: ``vec`` inner positions a vector, ``lines`` vectors a
+    thread, the axis in ``chunks`` chunks of ``chunk_cols`` rows, ``grid`` blocks of ``threads``."""
 
-    >>> strides = (64 * 4096, 4096, 1)
-    >>> problem = StridedProblem("float32", "softmax", 8, 64, 4096, strides, strides)
-    >>> p = plan_strided_passes(problem, DeviceProfile.h100())
-    >>> [launch.kernel for launch in p.launches], p.scratch
-    (['ps_strided_thread_partials_f32_v4_l1', 'ps_strided_thread_finish_f32_softmax_v4_l1'], (('partials', 262144),))
+    vec: int
+    lines: int
+    chunks: int
+    chunk_cols: int
+    grid: int
+    threads: int
+
+
+def strided_passes(t: Tuning, device: DeviceProfile, dtype: str, outer: int, cols: int, inner: int,
+                   vec: int) -> StridedPasses:
+    """The shape of the strided passes apart over an (outer, cols, inner) view whose rows are aligned
+    to ``vec`` inner positions: strided_thread's 16 bytes of positions a thread, and the axis cut
+    into chunks until the threads fill the device (Tuning.strided_pass_*)."""
+    lines_a_thread = V.vector_widths(dtype)[1] // vec
+    threads = ceil(outer * ceil(inner / vec) / lines_a_thread)
+    wanted = ceil(t.strided_pass_threads_per_sm * device.multiprocessors / threads)
+    chunks = max(1, min(wanted, cols // t.strided_pass_min_chunk_rows))
+    chunk_cols = ceil(cols / chunks)
+    chunks = ceil(cols / chunk_cols)
+    grid = _work_grid(ceil(threads * chunks / t.strided_thread_threads), device)
+    return StridedPasses(vec, lines_a_thread, chunks, chunk_cols, grid, t.strided_thread_threads)
+
+
+def plan_strided_passes(problem: StridedProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
+    """The strided passes apart, for a caller that combines each position's pairs between them (an axis
+    sharded across ranks, whose collective runs there): a thread takes 16 bytes of inner positions
+    down a chunk of the axis (strided_thread), the axis cut into enough chunks to fill the device.
+    The first launch writes the (m, d) of each chunk of each position to ``partials`` (two of the
+    compute type each, in the order of a contiguous (outer, ``notes["chunks"]``, inner) array), for
+    the caller to merge a position's chunks; the second finishes each position with the pair it then
+    finds in ``partials`` (one a position, in the order of a contiguous (outer, inner) array). The
+    on-chip tier, whose point is one read where both passes run together, is not one of them.
+
+    >>> strides = (8192 * 4096, 4096, 1)
+    >>> p = plan_strided_passes(StridedProblem("bfloat16", "softmax", 2, 8192, 4096, strides, strides),
+    ...                         DeviceProfile.h100())
+    >>> [launch.kernel for launch in p.launches], p.notes["chunks"]
+    (['ps_strided_partials_bf16_v8_l1', 'ps_strided_finish_bf16_softmax_v8_l1'], 128)
     """
     _check_common(problem.dtype, problem.op, device)
     t = default_tuning(device) if tuning is None else tuning
     p = problem
     if p.outer * p.inner <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    x_view = ((I64, p.outer), (I64, p.cols), (I64, p.inner), *((I64, s) for s in p.x_strides))
-    if _Axis(t, p, device).short():
-        vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
-        lines_a_thread = V.vector_widths(p.dtype)[1] // vec
-        grid = _work_grid(ceil(p.outer * ceil(p.inner / vec) / (t.strided_thread_threads * lines_a_thread)), device)
-        first = Step(Kernel("strided_thread_partials", (p.dtype, vec, lines_a_thread)), grid,
-                     t.strided_thread_threads, 0, (("ptr", "x"), ("ptr", "partials"), *x_view))
-        second = Step(Kernel("strided_thread_finish", (p.dtype, p.op, vec, lines_a_thread)), grid,
-                      t.strided_thread_threads, 0,
-                      (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), (I32, _safe(p))))
-        tier, notes = "strided_thread", {"vec": vec, "lines": lines_a_thread}
-    else:
-        both = _plan_strided_groups(t, p, device)
-        groups, inner_tile = both.steps[0], (I32, both.notes["inner_tile"])
-        first = replace(groups, kernel=Kernel("strided_partials", (p.dtype,)),
-                        args=(("ptr", "x"), ("ptr", "partials"), *x_view, inner_tile))
-        second = replace(groups, kernel=Kernel("strided_finish", (p.dtype, p.op)),
-                         args=(("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), inner_tile,
-                               (I32, _safe(p))))
-        tier, notes = "strided", {"inner_tile": inner_tile[1]}
-    scratch = (("partials", p.outer * p.inner * 2 * _compute_bytes(p.dtype)),)
-    return Draft(tier, (first, second), scratch, notes, scratch_zeroed=False).resolve()
+    vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
+    s = strided_passes(t, device, p.dtype, p.outer, p.cols, p.inner, vec)
+    chunking = ((I64, s.chunks), (I64, s.chunk_cols))
+    x_view = ((I64, p.outer), (I64, p.cols), (I64, p.inner), *((I64, x) for x in p.x_strides))
+    first = Step(Kernel("strided_partials", (p.dtype, s.vec, s.lines)), s.grid, s.threads, 0,
+                 (("ptr", "x"), ("ptr", "partials"), *x_view, *chunking))
+    second = Step(Kernel("strided_finish", (p.dtype, p.op, s.vec, s.lines)), s.grid, s.threads, 0,
+                  (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), (I32, _safe(p)), *chunking))
+    scratch = (("partials", p.outer * s.chunks * p.inner * 2 * _compute_bytes(p.dtype)),)
+    notes = {"vec": s.vec, "lines": s.lines, "chunks": s.chunks, "chunk_cols": s.chunk_cols}
+    return Draft("strided_thread", (first, second), scratch, notes, scratch_zeroed=False).resolve()
 
 
 def widest_aligned(widths, outer: int, inner: int, strides, misaligns) -> int:

@@ -33,6 +33,7 @@ from .planner import (
     default_tuning,
     grid_for,
     strided_cached_vec,
+    strided_passes,
     strided_thread_lines,
     strided_tiles,
     widest_aligned,
@@ -338,49 +339,37 @@ def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
     return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
 
 
-def plan_strided_passes(problem: GradStridedProblem, device: DeviceProfile,
-                        tuning: GradTuning = DEFAULT_GRAD_TUNING) -> Plan:
-    """The strided tiers' two passes apart, for a caller that combines each position's sums between
-    them (an axis sharded across ranks, whose all_reduce runs there): the first launch writes each
-    position's GradSum to ``sums`` (two doubles a position, positions in the order of a contiguous
-    (outer, inner) array), the second finishes each position from the sums it then finds there. The
-    axes that the one-pair plan gives a thread per line of positions take it here too, others
-    column groups (the on-chip tier's point, one read of both passes together, is not theirs).
+def plan_strided_passes(problem: GradStridedProblem, device: DeviceProfile) -> Plan:
+    """The strided passes apart, for a caller that combines each position's sums between them (an axis
+    sharded across ranks, whose all_reduce runs there), shaped as the forward's
+    (planner.strided_passes): the first launch writes the GradSum of each chunk of each position to
+    ``sums`` (two doubles each, in the order of a contiguous (outer, ``notes["chunks"]``, inner)
+    array), for the caller to merge a position's chunks; the second finishes each position from the
+    sums it then finds there (one pair a position, in the order of a contiguous (outer, inner) array).
 
     >>> from portable_softmax.planner import DeviceProfile
     >>> strides = (64 * 4096, 4096, 1)
     >>> p = plan_strided_passes(GradStridedProblem("float32", "softmax", 8, 64, 4096, strides, strides, strides),
     ...                         DeviceProfile.h100())
     >>> [launch.kernel for launch in p.launches]
-    ['ps_bwd_strided_thread_sums_f32_softmax_v4_l1', 'ps_bwd_strided_thread_finish_f32_softmax_v4_l1']
-    >>> p.scratch  # two doubles a position
-    (('sums', 524288),)
+    ['ps_bwd_strided_sums_f32_softmax_v4_l1', 'ps_bwd_strided_finish_f32_softmax_v4_l1']
     """
     _check(problem.dtype, problem.op, device)
-    p, t = problem, tuning
+    p = problem
     if p.outer * p.inner <= 0 or p.cols <= 0:
         return Plan("empty", ())
-    s = _lines(t, p)
-    reads = _view_args(p)[:2] + _view_args(p)[3:12]  # dy, y, (outer, cols, inner), dy's and y's strides
-    short = next(r for r in STRIDED_RULES if r.name != "a strided axis, on chip" and r.applies(t, p, device, s))
-    if short.build is _strided_thread:
-        vec, lines = s.vec, V.vector_widths(p.dtype)[1] // s.vec
-        grid = _work_grid(ceil(p.outer * ceil(p.inner / vec) / (t.strided_thread_threads * lines)), device)
-        sums = Launch(V.grad_strided_thread_sums_name(p.dtype, p.op, vec, lines), grid, t.strided_thread_threads, 0,
-                      (*reads[:2], (PTR, "sums"), *reads[2:]))
-        finish = Launch(V.grad_strided_thread_finish_name(p.dtype, p.op, vec, lines), grid,
-                        t.strided_thread_threads, 0, (*_view_args(p)[:3], (PTR, "sums"), *_view_args(p)[3:],
-                                                      (I32, int(p.safe))))
-        tier, notes = "strided_thread", {"vec": vec, "lines": lines}
-    else:
-        both = _strided_groups(t, p, device, s)
-        groups, inner_tile = both.launches[0], (I32, both.notes["inner_tile"])
-        sums = replace(groups, kernel=V.grad_strided_sums_name(p.dtype, p.op),
-                       args=(*reads[:2], (PTR, "sums"), *reads[2:], inner_tile))
-        finish = replace(groups, kernel=V.grad_strided_finish_name(p.dtype, p.op),
-                         args=(*_view_args(p)[:3], (PTR, "sums"), *_view_args(p)[3:], inner_tile, (I32, int(p.safe))))
-        tier, notes = "strided", {"inner_tile": inner_tile[1]}
-    return Plan(tier, (sums, finish), (("sums", p.outer * p.inner * 16),), notes, scratch_zeroed=False)
+    vec = widest_aligned(V.strided_thread_widths(p.dtype), p.outer, p.inner,
+                         (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
+    s = strided_passes(default_tuning(device), device, p.dtype, p.outer, p.cols, p.inner, vec)
+    chunking = ((I64, s.chunks), (I64, s.chunk_cols))
+    view = _view_args(p)  # dy, y, dx, (outer, cols, inner), then each one's strides
+    sums = Launch(V.grad_strided_sums_name(p.dtype, p.op, s.vec, s.lines), s.grid, s.threads, 0,
+                  (*view[:2], (PTR, "sums"), *view[3:12], *chunking))
+    finish = Launch(V.grad_strided_finish_name(p.dtype, p.op, s.vec, s.lines), s.grid, s.threads, 0,
+                    (*view[:3], (PTR, "sums"), *view[3:], (I32, int(p.safe)), *chunking))
+    notes = {"vec": s.vec, "lines": s.lines, "chunks": s.chunks, "chunk_cols": s.chunk_cols}
+    return Plan("strided_thread", (sums, finish), (("sums", p.outer * s.chunks * p.inner * 16),), notes,
+                scratch_zeroed=False)
 
 
 def _lines(t: GradTuning, p: GradStridedProblem) -> _Lines:

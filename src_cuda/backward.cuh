@@ -696,6 +696,7 @@ template <typename T, int OP> struct GradientStrided {
   typedef GradSum<C> Partial;
   typedef typename Backward<OP>::template Finish<C> Finish;
   static constexpr int kPasses = kBothPasses;
+  static constexpr int kHeld = kStridedHeld;
   struct Column { const T* dy; const T* y; };
   struct Line { const T* dy; const T* y; T* dx; };
   template <int VEC> struct Held { Vec<T, VEC> dy, y; };
@@ -772,12 +773,15 @@ template <typename T, int OP> struct GradientStrided {
 template <typename T, int OP, int PASSES> struct GradientStridedPass : GradientStrided<T, OP> {
   typedef typename compute_of<T>::type C;
   static constexpr int kPasses = PASSES;
+  static constexpr int kHeld = kStridedPassHeld;
   double* sums;
   PS_DEVICE void publish(i64 at, GradSum<C> g) const {
     sums[2 * at] = g.sum;
     sums[2 * at + 1] = g.top;
   }
-  PS_DEVICE GradSum<C> given(i64 at) const { return GradSum<C>{sums[2 * at], static_cast<C>(sums[2 * at + 1])}; }
+  template <typename Line> PS_DEVICE GradSum<C> given(const Line&, i64 at) const {
+    return GradSum<C>{sums[2 * at], static_cast<C>(sums[2 * at + 1])};
+  }
 };
 
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
@@ -872,45 +876,29 @@ const int kGradStreamThreads = 256;       // the two-pass split
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_strided_thread_##DT##_##OPN##_v##V##_l##L)
 
-// A sharded axis's strided passes of the gradient (GradientStridedPass): the first writes each
-// position's (sum, top) to `sums`; the second finishes each position with the pair it finds there.
-#define PS_GRAD_STRIDED_PASSES_ENTRY(DT, T, OPN, OP)                                                    \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_bwd_strided_sums_##DT##_##OPN(                                \
+// A sharded axis's strided passes of the gradient (StridedChunks of GradientStridedPass): the first
+// writes the (sum, top) of each chunk of each position to `sums`; the second finishes each position
+// with the pair it finds there.
+#define PS_GRAD_STRIDED_PASSES_ENTRY(DT, T, OPN, OP, V, L)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_bwd_strided_sums_##DT##_##OPN##_v##V##_l##L( \
       const T* dy, const T* y, double* sums, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 dyso,   \
-      ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile) {               \
-    typedef ps::GradientStridedPass<T, OP, ps::kFirstPass> Op;                                            \
-    ps::strided_axis(Op{{dy, y, (T*)0, dyso, dysc, dysi, yso, ysc, ysi, 0, 0, 0}, sums}, outer, cols, inner, \
-                     inner_tile, 0);                                                                     \
+      ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 chunks, ps::i64 chunk_cols) { \
+    typedef ps::StridedChunks<ps::GradientStridedPass<T, OP, ps::kFirstPass>> Op;                         \
+    ps::strided_thread<Op, V, L>(                                                                        \
+        Op{{{dy, y, (T*)0, dyso, dysc, dysi, yso, ysc, ysi, 0, 0, 0}, sums}, chunks, chunk_cols, cols, inner}, \
+        outer * chunks, chunk_cols, inner, 0);                                                           \
   }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_strided_sums_##DT##_##OPN)                                                     \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_bwd_strided_finish_##DT##_##OPN(                              \
+  PS_EXPORT_KERNEL(ps_bwd_strided_sums_##DT##_##OPN##_v##V##_l##L)                                       \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_bwd_strided_finish_##DT##_##OPN##_v##V##_l##L( \
       const T* dy, const T* y, T* dx, double* sums, ps::i64 outer, ps::i64 cols, ps::i64 inner,          \
       ps::i64 dyso, ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 dxso,     \
-      ps::i64 dxsc, ps::i64 dxsi, int inner_tile, int safe) {                                            \
-    typedef ps::GradientStridedPass<T, OP, ps::kSecondPass> Op;                                           \
-    ps::strided_axis(Op{{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi}, sums}, outer, cols, \
-                     inner, inner_tile, safe);                                                           \
+      ps::i64 dxsc, ps::i64 dxsi, int safe, ps::i64 chunks, ps::i64 chunk_cols) {                        \
+    typedef ps::StridedChunks<ps::GradientStridedPass<T, OP, ps::kSecondPass>> Op;                        \
+    ps::strided_thread<Op, V, L>(                                                                        \
+        Op{{{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi}, sums}, chunks, chunk_cols, cols, inner}, \
+        outer * chunks, chunk_cols, inner, safe);                                                        \
   }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_strided_finish_##DT##_##OPN)
-
-#define PS_GRAD_STRIDED_THREAD_PASSES_ENTRY(DT, T, OPN, OP, V, L)                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_bwd_strided_thread_sums_##DT##_##OPN##_v##V##_l##L( \
-      const T* dy, const T* y, double* sums, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 dyso,   \
-      ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi) {                               \
-    typedef ps::GradientStridedPass<T, OP, ps::kFirstPass> Op;                                            \
-    ps::strided_thread<Op, V, L>(Op{{dy, y, (T*)0, dyso, dysc, dysi, yso, ysc, ysi, 0, 0, 0}, sums}, outer, cols, \
-                                 inner, 0);                                                              \
-  }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_strided_thread_sums_##DT##_##OPN##_v##V##_l##L)                                \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_bwd_strided_thread_finish_##DT##_##OPN##_v##V##_l##L( \
-      const T* dy, const T* y, T* dx, double* sums, ps::i64 outer, ps::i64 cols, ps::i64 inner,          \
-      ps::i64 dyso, ps::i64 dysc, ps::i64 dysi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, ps::i64 dxso,     \
-      ps::i64 dxsc, ps::i64 dxsi, int safe) {                                                            \
-    typedef ps::GradientStridedPass<T, OP, ps::kSecondPass> Op;                                           \
-    ps::strided_thread<Op, V, L>(Op{{dy, y, dx, dyso, dysc, dysi, yso, ysc, ysi, dxso, dxsc, dxsi}, sums}, outer, \
-                                 cols, inner, safe);                                                     \
-  }                                                                                                      \
-  PS_EXPORT_KERNEL(ps_bwd_strided_thread_finish_##DT##_##OPN##_v##V##_l##L)
+  PS_EXPORT_KERNEL(ps_bwd_strided_finish_##DT##_##OPN##_v##V##_l##L)
 
 // The forward's launch bounds (strided_cached_min_blocks): the planner sizes both alike.
 #define PS_GRAD_STRIDED_CACHED_ENTRY(DT, T, OPN, OP, V)                                                 \

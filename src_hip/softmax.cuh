@@ -1866,13 +1866,6 @@ PS_DEVICE void merge_rows_in_slices(typename F::First* first, typename F::Second
   }
 }
 
-// The passes of a strided kernel. The one-GPU ops make both: each position's partial, then its
-// outputs. An axis sharded across ranks makes them apart, with the collective between: the first
-// publishes each position's partial (op.publish(at, partial)), the second finishes each position
-// from a given one (op.given(at)); `at` = o * inner + i, the positions' order as a contiguous
-// (outer, inner) array.
-enum StridedPasses { kBothPasses, kFirstPass, kSecondPass };
-
 // ---- a strided axis: column groups of a block, two reads ---------------------------------
 // The arrays are (outer, cols, inner). A block takes a tile of inner_tile neighbouring inner
 // positions (coalesced loads) and splits the reduced axis among blockDim / inner_tile column
@@ -1886,7 +1879,6 @@ enum StridedPasses { kBothPasses, kFirstPass, kSecondPass };
 //   Op::add<N>(acc, values), Op::partial(acc)   N values into a running partial; the partial
 //   Op::Finish(total, safe)             how the column's elements finish
 //   op.store(output, c, finish, value)  element c's output
-//   Op::kPasses                         the passes it makes (StridedPasses)
 // The policies are those of strided_thread too.
 template <typename Op>
 PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int inner_tile, int safe) {
@@ -1903,32 +1895,25 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
     const i64 i = (tile % tiles_per_outer) * inner_tile + tx;
     const bool active = i < inner;
     const auto column = op.column(o, i);
+    typename Op::Accumulator acc;
     const int kDepth = 4;  // loads in flight per thread before their dependent use
-    P total;
-    if constexpr (Op::kPasses == kSecondPass) {
-      if (active) total = op.given(o * inner + i);
-    } else {
-      typename Op::Accumulator acc;
-      if (active) {
-        for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
-          typename Op::Value v[kDepth];
+    if (active) {
+      for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
+        typename Op::Value v[kDepth];
 #pragma unroll
-          for (int u = 0; u < kDepth; ++u) v[u] = c0 + u * groups < cols ? op.load(column, c0 + u * groups) : Op::absent();
-          Op::template add<kDepth>(acc, v);
-        }
+        for (int u = 0; u < kDepth; ++u) v[u] = c0 + u * groups < cols ? op.load(column, c0 + u * groups) : Op::absent();
+        Op::template add<kDepth>(acc, v);
       }
-      F::put(part_first, part_second, PS_THREAD_X, Op::partial(acc));
-      PS_SYNC();
-      if (ty == 0) {  // each thread merges the groups of its own inner position
-        F::put(part_first, part_second, tx, merge_column_groups<P>(part_first, part_second, tx, groups, inner_tile));
-      }
-      PS_SYNC();
-      total = F::get(part_first, part_second, tx);
-      PS_SYNC();  // the next tile reuses the scratch
     }
-    if constexpr (Op::kPasses == kFirstPass) {
-      if (active && ty == 0) op.publish(o * inner + i, total);
-    } else if (active) {
+    F::put(part_first, part_second, PS_THREAD_X, Op::partial(acc));
+    PS_SYNC();
+    if (ty == 0) {  // each thread merges the groups of its own inner position
+      F::put(part_first, part_second, tx, merge_column_groups<P>(part_first, part_second, tx, groups, inner_tile));
+    }
+    PS_SYNC();
+    const P total = F::get(part_first, part_second, tx);
+    PS_SYNC();  // the next tile reuses the scratch
+    if (active) {
       const typename Op::Finish f(total, safe != 0);
       const auto out = op.output(o, i);
       for (i64 c0 = ty; c0 < cols; c0 += kDepth * groups) {
@@ -1946,6 +1931,13 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
   }
 }
 
+// The passes of strided_thread. The one-GPU ops make both: each position's partial, then its
+// outputs. An axis sharded across ranks makes them apart, with the collective between: the first
+// publishes each position's partial (op.publish(at, partial)), the second finishes each position
+// from a given one (op.given(line, at), the position's line beside it); `at` = o * inner + i, the
+// positions' order as a contiguous (outer, inner) array.
+enum StridedPasses { kBothPasses, kFirstPass, kSecondPass };
+
 // ---- a strided axis, short: a thread per inner vector -------------------------------------
 // Where the reduced axis is short (a few rows) and inner long, strided_axis's column groups idle
 // and its barriers come every few values. Here a thread takes LINES vectors of VEC neighbouring
@@ -1957,6 +1949,7 @@ PS_DEVICE void strided_axis(const Op& op, i64 outer, i64 cols, i64 inner, int in
 // longer axes read theirs again (a warp's rows were just read: mostly from the L2).
 const int kStridedThreadThreads = 256;  // the launch's block size
 const int kStridedHeld = 8;             // vectors a thread holds
+const int kStridedPassHeld = 4;  // ... in the passes apart, whose chunks of the axis give the device more threads
 
 // The op policy Op says what a thread holds and how a position finishes:
 //   Op::Line, op.line(o, i)                 the arrays' columns at inner position i of outer index o
@@ -1967,12 +1960,12 @@ const int kStridedHeld = 8;             // vectors a thread holds
 //   Op::Partial, Op::partial(acc)           the partial of a position's whole axis
 //   Op::Finish(partial, safe)               how a position's elements finish
 //   op.store_vector<VEC>(line, c, finish, held)   row c's outputs of the line's VEC positions
-//   Op::kPasses, op.publish(at, partial), op.given(at)   as strided_axis's
+//   Op::kPasses, op.publish(at, partial), op.given(line, at)   the passes it makes (StridedPasses)
 template <typename Op, int VEC, int LINES>
 PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int safe) {
   typedef typename Op::template Held<VEC> H;
   typedef typename Op::Finish F;
-  constexpr int kRows = kStridedHeld / LINES;  // rows of each line a step
+  constexpr int kRows = Op::kHeld > LINES ? Op::kHeld / LINES : 1;  // rows of each line a step
   const i64 vectors_per_outer = (inner + VEC - 1) / VEC;  // inner is a multiple of VEC where VEC > 1
   const i64 lines = outer * vectors_per_outer;
   const i64 block_lines = (i64)PS_BLOCK_DIM_X * LINES;
@@ -2020,7 +2013,7 @@ PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int 
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if constexpr (Op::kPasses == kSecondPass) {
-          if (live[l]) part[l][j] = op.given(first[l] + j);
+          if (live[l]) part[l][j] = op.given(line[l], first[l] + j);
         } else {
           part[l][j] = Op::partial(acc[l][j]);
         }
@@ -2072,6 +2065,7 @@ template <typename T, int OP> struct ForwardStrided {
   typedef MD<C> Partial;
   typedef RowFinish<OP, T> Finish;
   static constexpr int kPasses = kBothPasses;
+  static constexpr int kHeld = kStridedHeld;  // strided_thread's vectors a thread
   struct Line { const T* x; T* y; };
   template <int VEC> using Held = Vec<T, VEC>;
   const T* x;
@@ -2121,12 +2115,41 @@ template <typename T, int OP> struct ForwardStrided {
 template <typename T, int OP, int PASSES> struct ForwardStridedPass : ForwardStrided<T, OP> {
   typedef typename compute_of<T>::type C;
   static constexpr int kPasses = PASSES;
+  static constexpr int kHeld = kStridedPassHeld;
   C* pairs;
   PS_DEVICE void publish(i64 at, MD<C> md) const {
     pairs[2 * at] = md.m;
     pairs[2 * at + 1] = md.d;
   }
-  PS_DEVICE MD<C> given(i64 at) const { return MD<C>{pairs[2 * at], pairs[2 * at + 1]}; }
+  template <typename Line> PS_DEVICE MD<C> given(const Line&, i64 at) const {
+    return MD<C>{pairs[2 * at], pairs[2 * at + 1]};
+  }
+};
+
+// A pass policy (ForwardStridedPass, GradientStridedPass) over chunks of the axis, so that the few
+// lines of a long axis still fill the device: strided_thread's outer index is (o, k), k < chunks, and
+// its line (o, k, i) covers rows [k * chunk_cols, (k + 1) * chunk_cols) of position (o, i) (the last
+// chunk fewer). The first pass publishes each (o, k, i)'s partial in that order, for the caller to
+// merge a position's chunks; the second finishes each line from its position's given partial.
+template <typename Pass> struct StridedChunks : Pass {
+  i64 chunks, chunk_cols, cols, inner;
+  // `shift`: how far the kernel's index of the line's positions, (o * chunks + k) * inner + i, lies
+  // past theirs, o * inner + i
+  struct Line { typename Pass::Line at; i64 first, rows, shift; };
+  PS_DEVICE Line line(i64 ok, i64 i) const {
+    const i64 o = chunks == 1 ? ok : ok / chunks, k = ok - o * chunks;  // one chunk: no division
+    const i64 first = k * chunk_cols;
+    return Line{Pass::line(o, i), first, cols - first < chunk_cols ? cols - first : chunk_cols, (ok - o) * inner};
+  }
+  template <int VEC> PS_DEVICE typename Pass::template Held<VEC> load_vector(const Line& l, i64 c) const {
+    return c < l.rows ? Pass::template load_vector<VEC>(l.at, l.first + c) : Pass::template absent_vector<VEC>();
+  }
+  template <int VEC>
+  PS_DEVICE void store_vector(const Line& l, i64 c, const typename Pass::Finish (&f)[VEC],
+                              const typename Pass::template Held<VEC>& held) const {
+    if (c < l.rows) Pass::template store_vector<VEC>(l.at, l.first + c, f, held);
+  }
+  PS_DEVICE typename Pass::Partial given(const Line& l, i64 at) const { return Pass::given(l.at, at - l.shift); }
 };
 
 // ---- a strided axis, on chip: chunks of the axis on co-resident blocks -------------------
@@ -2438,44 +2461,29 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_strided_thread_##DT##_##OPN##_v##V##_l##L)
 
-// A sharded axis's strided passes (ForwardStridedPass): the first writes each position's (m, d) to
-// `pairs`; the second finishes each position with the pair it finds there.
-#define PS_STRIDED_PARTIALS_ENTRY(DT, T)                                                              \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_partials_##DT(                                      \
-      const T* x, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, \
-      ps::i64 xsc, ps::i64 xsi, int inner_tile) {                                                      \
-    typedef ps::ForwardStridedPass<T, ps::kSoftmax, ps::kFirstPass> Op;                                \
-    ps::strided_axis(Op{{x, (T*)0, xso, xsc, xsi, 0, 0, 0}, pairs}, outer, cols, inner, inner_tile, 0);  \
-  }                                                                                                    \
-  PS_EXPORT_KERNEL(ps_strided_partials_##DT)
+// A sharded axis's strided passes (StridedChunks of ForwardStridedPass): the first writes the (m, d)
+// of each chunk of each position to `pairs`; the second finishes each position with the pair it
+// finds there.
+#define PS_STRIDED_PARTIALS_ENTRY(DT, T, V, L)                                                          \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_partials_##DT##_v##V##_l##L(      \
+      const T* x, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso,   \
+      ps::i64 xsc, ps::i64 xsi, ps::i64 chunks, ps::i64 chunk_cols) {                                    \
+    typedef ps::StridedChunks<ps::ForwardStridedPass<T, ps::kSoftmax, ps::kFirstPass>> Op;               \
+    ps::strided_thread<Op, V, L>(Op{{{x, (T*)0, xso, xsc, xsi, 0, 0, 0}, pairs}, chunks, chunk_cols, cols, inner}, \
+                                 outer * chunks, chunk_cols, inner, 0);                                  \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_strided_partials_##DT##_v##V##_l##L)
 
-#define PS_STRIDED_THREAD_PARTIALS_ENTRY(DT, T, V, L)                                                  \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_partials_##DT##_v##V##_l##L( \
-      const T* x, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner, ps::i64 xso, \
-      ps::i64 xsc, ps::i64 xsi) {                                                                      \
-    typedef ps::ForwardStridedPass<T, ps::kSoftmax, ps::kFirstPass> Op;                                \
-    ps::strided_thread<Op, V, L>(Op{{x, (T*)0, xso, xsc, xsi, 0, 0, 0}, pairs}, outer, cols, inner, 0);  \
-  }                                                                                                    \
-  PS_EXPORT_KERNEL(ps_strided_thread_partials_##DT##_v##V##_l##L)
-
-#define PS_STRIDED_FINISH_ENTRY(DT, T, OPN, OP)                                                        \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_strided_finish_##DT##_##OPN(                                \
-      const T* x, T* y, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner,        \
-      ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int inner_tile,    \
-      int safe) {                                                                                      \
-    typedef ps::ForwardStridedPass<T, OP, ps::kSecondPass> Op;                                         \
-    ps::strided_axis(Op{{x, y, xso, xsc, xsi, yso, ysc, ysi}, pairs}, outer, cols, inner, inner_tile, safe); \
-  }                                                                                                    \
-  PS_EXPORT_KERNEL(ps_strided_finish_##DT##_##OPN)
-
-#define PS_STRIDED_THREAD_FINISH_ENTRY(DT, T, OPN, OP, V, L)                                           \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_thread_finish_##DT##_##OPN##_v##V##_l##L( \
-      const T* x, T* y, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner,        \
-      ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe) {         \
-    typedef ps::ForwardStridedPass<T, OP, ps::kSecondPass> Op;                                         \
-    ps::strided_thread<Op, V, L>(Op{{x, y, xso, xsc, xsi, yso, ysc, ysi}, pairs}, outer, cols, inner, safe); \
-  }                                                                                                    \
-  PS_EXPORT_KERNEL(ps_strided_thread_finish_##DT##_##OPN##_v##V##_l##L)
+#define PS_STRIDED_FINISH_ENTRY(DT, T, OPN, OP, V, L)                                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kStridedThreadThreads) ps_strided_finish_##DT##_##OPN##_v##V##_l##L( \
+      const T* x, T* y, compute_of<T>::type* pairs, ps::i64 outer, ps::i64 cols, ps::i64 inner,          \
+      ps::i64 xso, ps::i64 xsc, ps::i64 xsi, ps::i64 yso, ps::i64 ysc, ps::i64 ysi, int safe,            \
+      ps::i64 chunks, ps::i64 chunk_cols) {                                                              \
+    typedef ps::StridedChunks<ps::ForwardStridedPass<T, OP, ps::kSecondPass>> Op;                        \
+    ps::strided_thread<Op, V, L>(Op{{{x, y, xso, xsc, xsi, yso, ysc, ysi}, pairs}, chunks, chunk_cols, cols, inner}, \
+                                 outer * chunks, chunk_cols, inner, safe);                               \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_strided_finish_##DT##_##OPN##_v##V##_l##L)
 
 #define PS_CACHED_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kCachedThreads, ps::min_blocks<T>(ps::kCachedMinBlocks)) \

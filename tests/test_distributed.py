@@ -558,8 +558,7 @@ def _rows_of(t: torch.Tensor, axis: int) -> torch.Tensor:
 
 #: the kernels each step must launch: the row split's, or the strided passes'
 ROW_STEPS = (("ps_bwd_partials_",), ("ps_bwd_finish_",))
-STRIDED_STEPS = (("ps_bwd_strided_sums_", "ps_bwd_strided_thread_sums_"),
-                 ("ps_bwd_strided_finish_", "ps_bwd_strided_thread_finish_"))
+STRIDED_STEPS = (("ps_bwd_strided_sums_",), ("ps_bwd_strided_finish_",))
 
 
 def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str, axis: int = 1,
@@ -644,18 +643,30 @@ def _across(t: torch.Tensor, outer: int, inner: int) -> torch.Tensor:
     return t.reshape(outer, inner, t.shape[-1]).permute(0, 2, 1).contiguous()
 
 
-#: (outer, cols, inner, offset of dy, offset of y) of the strided passes: short axes a thread per
-#: vector of positions (wide and scalar; axes of one step and of several), longer ones column groups
+#: (outer, cols, inner, offset of dy, offset of y) of the strided passes: vectors of positions (wide
+#: and scalar), axes of one step and of several, axes of one chunk and of several (1000 rows: 15
+#: chunks, the last one shorter)
 STRIDED_GRAD_SHAPES = ((1, 9, 8, 0, 0), (2, 5, 8, 0, 0), (2, 40, 3, 1, 1), (1, 300, 8, 0, 0), (3, 130, 2, 1, 2),
-                       (2, 70, 5, 0, 0))
+                       (2, 70, 5, 0, 0), (1, 1000, 4, 0, 0))
+
+
+def _strided_chunks(profile, dtype: str, outer: int, cols: int, inner: int) -> tuple[int, int]:
+    """(chunks, rows of a chunk) of the strided passes over a contiguous (outer, cols, inner) view."""
+    from portable_softmax.planner import StridedProblem, plan_strided_passes
+
+    strides = (cols * inner, inner, 1)
+    notes = plan_strided_passes(StridedProblem(dtype, "softmax", outer, cols, inner, strides, strides), profile).notes
+    return notes["chunks"], notes["chunk_cols"]
 
 
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", GRAD_DTYPES)
 def test_kernel_math_gradient_of_a_strided_axis(emulated, warp, dtype, rng):
-    """grad_dot and grad_finish along a non-last axis, by the strided tiers' passes apart (a thread per
-    line of positions, or column groups), in the SIMT emulation at warp 32 and 64."""
+    """grad_dot and grad_finish along a non-last axis, by the strided passes apart (a thread per line
+    of positions down a chunk of the axis), in the SIMT emulation at warp 32 and 64."""
     math, names = _counting(_emulated_math(emulated[warp]))
+    chunks, chunk_cols = _strided_chunks(math.profile, dtype, 1, 1000, 4)
+    assert chunks > 1 and chunks * chunk_cols > 1000, (chunks, chunk_cols)  # several chunks, the last shorter
     for op in OPS:
         for outer, cols, inner, dy_at, y_at in STRIDED_GRAD_SHAPES:
             dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), outer * inner, cols, "cpu")
@@ -689,17 +700,20 @@ def test_kernel_math_takes_any_view_and_falls_back_where_none_fits(emulated):
 
 
 #: (outer, cols, inner, offset) of the forward's strided passes, as STRIDED_GRAD_SHAPES
-STRIDED_SHAPES = ((1, 9, 8, 0), (2, 5, 8, 0), (2, 40, 3, 1), (1, 300, 8, 0), (3, 130, 2, 3), (2, 70, 5, 0))
+STRIDED_SHAPES = ((1, 9, 8, 0), (2, 5, 8, 0), (2, 40, 3, 1), (1, 300, 8, 0), (3, 130, 2, 3), (2, 70, 5, 0),
+                  (1, 1000, 4, 0))
 
 
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_kernel_math_of_a_strided_axis(emulated, warp, dtype, rng):
-    """partials and finish along a non-last axis by the strided tiers' passes apart, against torch
+    """partials and finish along a non-last axis by the strided passes apart, against torch
     operations: positions of NaN, of some -inf and of all -inf, safe or not, every op."""
     from portable_softmax import _sharded
 
     math, names = _counting(_emulated_math(emulated[warp]))
+    chunks, chunk_cols = _strided_chunks(math.profile, dtype, 1, 1000, 4)
+    assert chunks > 1 and chunks * chunk_cols > 1000, (chunks, chunk_cols)  # several chunks, the last shorter
     torch_dtype = getattr(torch, dtype)
     for outer, cols, inner, offset in STRIDED_SHAPES:
         x64 = torch.from_numpy(rng.standard_normal((outer * inner, cols)) * 4)
@@ -711,7 +725,7 @@ def test_kernel_math_of_a_strided_axis(emulated, warp, dtype, rng):
         what = f"{warp} {dtype} {outer}x{cols}x{inner}+{offset}"
         names.clear()
         m, d = math.partials(x, 1)
-        assert names and names[0].startswith(("ps_strided_partials_", "ps_strided_thread_partials_")), names
+        assert names and names[0].startswith("ps_strided_partials_"), names
         want_m, want_d = _sharded.TORCH.partials(x, 1)
         assert m.shape == (outer, inner) and _same(m, want_m), f"{what}: m {m} want {want_m}"
         close = (d - want_d).abs() <= 1e-6 + 1e-5 * want_d.abs()
@@ -721,7 +735,7 @@ def test_kernel_math_of_a_strided_axis(emulated, warp, dtype, rng):
             for safe in (False, True):
                 names.clear()
                 y = math.finish(x, other_m, other_d, op, safe, 1)
-                assert names and names[0].startswith(("ps_strided_finish_", "ps_strided_thread_finish_")), names
+                assert names and names[0].startswith("ps_strided_finish_"), names
                 want = _sharded.TORCH.finish(x.double(), other_m.double(), other_d.double(), op, safe, 1)
                 assert y.dtype == x.dtype and y.shape == x.shape
                 bad = _tolerance.outside(_as_numpy(y), want.numpy())
@@ -805,12 +819,14 @@ def _bench_env(**extra) -> dict:
                 **extra)
 
 
-def test_bench_runs_on_gloo(op="log_softmax", dtype="bfloat16"):
+@pytest.mark.parametrize(("axis", "shape"), [(1, (9, 301)), (0, (301, 9))])
+def test_bench_runs_on_gloo(axis, shape, op="log_softmax", dtype="bfloat16"):
     """Two ranks started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the environment):
-    the check passes, every method is timed, and the local steps' figures are printed."""
+    the check passes, every method is timed, and the local steps' figures are printed; the last axis
+    sharded, and the first."""
     port = str(_free_port())
-    args = ["--cpu", "--rows", "9", "--cols", "301", "--iters", "2", "--warmup", "1", "--check-rows", "4",
-            "--op", op, "--dtype", dtype]
+    args = ["--cpu", "--rows", str(shape[0]), "--cols", str(shape[1]), "--axis", str(axis), "--iters", "2",
+            "--warmup", "1", "--check-rows", "4", "--op", op, "--dtype", dtype]
     procs = [subprocess.Popen([sys.executable, BENCH, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=_bench_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
@@ -823,13 +839,14 @@ def test_bench_runs_on_gloo(op="log_softmax", dtype="bfloat16"):
     assert [p.returncode for p in procs] == [0, 0], logs
     out = logs[0]
     assert "Traceback" not in out and not logs[1].strip(), logs
-    assert f"{op} of 9 x 301 {dtype} sharded on the last axis over 2 ranks" in out, out
+    assert f"{op} of {shape[0]} x {shape[1]} {dtype} over axis {axis}, sharded on it over 2 ranks" in out, out
     assert "check, values of 4 rows vs portable_softmax: 0 of 1204 elements outside" in out, out
     assert "check, gradient of (y * w).sum() on those rows vs torch float64 autograd: 0 of 1204" in out, out
-    for method in ("portable_softmax.distributed ", "two all_reduces (torch ops) ", "DTensor softmax, Shard(-1) "):
+    dtensor = "DTensor softmax, Shard(-1)" if axis == 1 else "DTensor softmax, Shard(0)"
+    for method in ("portable_softmax.distributed ", "two all_reduces (torch ops) ", dtensor + " "):
         row = next((line for line in out.splitlines() if line.startswith(method)), "")
         assert len(row.split()) >= 4 and "failed" not in row, f"{method!r}: {row!r}\n{out}"
-    assert "speed-up of portable_softmax.distributed over DTensor softmax, Shard(-1): forward" in out, out
+    assert f"speed-up of portable_softmax.distributed over {dtensor}: forward" in out, out
     assert "local backward (TorchMath: grad_dot + grad_finish)" in out, out
 
 

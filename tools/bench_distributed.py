@@ -5,9 +5,11 @@ Run on a machine with 2 GPUs (NCCL; RCCL on ROCm):
 
     torchrun --nproc-per-node 2 tools/bench_distributed.py
     torchrun --nproc-per-node 2 tools/bench_distributed.py --rows 8192 --cols 128256 --dtype bfloat16
+    torchrun --nproc-per-node 2 tools/bench_distributed.py --rows 50304 --cols 2048 --axis 0
 
-The tensor (rows x cols, sharded on its last axis as DTensor's Shard splits it) is timed forward and
-forward + backward for each method. Times are the median of the iterations, the slowest rank's.
+The tensor (rows x cols, softmax over --axis, sharded on it as DTensor's Shard splits it: the last
+axis by default) is timed forward and forward + backward for each method. Times are the median of
+the iterations, the slowest rank's. A "row" below is a line along the sharded axis.
 
 "recv B/row" counts the bytes a rank receives per row from the collectives: a ring all_reduce of
 b bytes, 2 (world - 1) / world b; an all_gather of b bytes a rank, (world - 1) b (the 128-byte
@@ -43,7 +45,8 @@ def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=8192)
-    p.add_argument("--cols", type=int, default=128256, help="the whole (sharded) axis")
+    p.add_argument("--cols", type=int, default=128256)
+    p.add_argument("--axis", type=int, default=1, choices=(0, 1), help="the axis the softmax takes and the ranks share")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "float64"))
     p.add_argument("--op", default="softmax", choices=("softmax", "log_softmax"))
     p.add_argument("--iters", type=int, default=10)
@@ -59,16 +62,16 @@ def _parse(argv):
     return args
 
 
-def _two_all_reduces(torch, dist, op: str):
+def _two_all_reduces(torch, dist, op: str, axis: int = -1):
     """softmax / log_softmax of a sharded axis with torch ops: all_reduce(MAX) of the row max, then
     all_reduce(SUM) of the sum of exp; its backward one all_reduce(SUM) of the row dot product."""
 
     class TwoAllReduces(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            m = torch.amax(x, dim=-1, keepdim=True).float()
+            m = torch.amax(x, dim=axis, keepdim=True).float()
             dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            d = torch.exp(x.float() - m).sum(dim=-1, keepdim=True)
+            d = torch.exp(x.float() - m).sum(dim=axis, keepdim=True)
             dist.all_reduce(d, op=dist.ReduceOp.SUM)
             if op == "softmax":
                 y = (torch.exp(x.float() - m) / d).to(x.dtype)
@@ -80,7 +83,7 @@ def _two_all_reduces(torch, dist, op: str):
         @staticmethod
         def backward(ctx, dy):
             (y,) = ctx.saved_tensors
-            s = (dy.float() * y.float()).sum(-1, keepdim=True) if op == "softmax" else dy.float().sum(-1, keepdim=True)
+            s = (dy.float() * y.float() if op == "softmax" else dy.float()).sum(axis, keepdim=True)
             dist.all_reduce(s, op=dist.ReduceOp.SUM)
             dx = y.float() * (dy.float() - s) if op == "softmax" else dy.float() - torch.exp(y.float()) * s
             return dx.to(y.dtype)
@@ -170,9 +173,10 @@ def _grad_outside(torch, got, ref):
     return ~(((g - ref).abs() <= bound) | (g.isnan() & ref.isnan()))
 
 
-def _check(torch, dist, fn, x, dy, op: str, rows: list[int], rank: int, world: int) -> tuple[bool, list[str]]:
-    """Run ``fn`` forward and backward once, gather the sampled rows and check them on rank 0 (module
-    docstring). Returns (passed, lines to print); other ranks get (True, [])."""
+def _check(torch, dist, fn, x, dy, op: str, rows: list[int], rank: int, world: int,
+           axis: int = 1) -> tuple[bool, list[str]]:
+    """Run ``fn`` forward and backward once, gather the sampled rows (lines along ``axis``) and check
+    them on rank 0 (module docstring). Returns (passed, lines to print); other ranks get (True, [])."""
     import numpy as np
 
     from portable_softmax import _tolerance
@@ -183,7 +187,7 @@ def _check(torch, dist, fn, x, dy, op: str, rows: list[int], rank: int, world: i
     y = fn(xg)
     y.backward(dy)
     index = torch.tensor(rows, device=x.device)
-    xs, ys, dys, dxs = (_gather_columns(torch, dist, t.detach().index_select(0, index), world)
+    xs, ys, dys, dxs = (_gather_columns(torch, dist, (t if axis == 1 else t.t()).detach().index_select(0, index), world)
                         for t in (x, y, dy, xg.grad))
     if rank != 0:
         return True, []
@@ -262,15 +266,18 @@ def _bench(args, torch, dist) -> int:
         dist.init_process_group(backend, device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, args.dtype)
-    chunk = -(-args.cols // world)  # DTensor's Shard: torch.chunk's split, the last ranks' shares smaller
-    cols = max(0, min(chunk, args.cols - rank * chunk))
+    axis = args.axis
+    sharded, lines = (args.cols, args.rows) if axis == 1 else (args.rows, args.cols)
+    chunk = -(-sharded // world)  # DTensor's Shard: torch.chunk's split, the last ranks' shares smaller
+    share = max(0, min(chunk, sharded - rank * chunk))
+    shape = (args.rows, share) if axis == 1 else (share, args.cols)
     gen = torch.Generator(device=device).manual_seed(1234 + rank)
-    x = (4 * torch.randn(args.rows, cols, device=device, generator=gen)).to(dtype)
-    dy = torch.randn(args.rows, cols, device=device, generator=gen).to(dtype)
+    x = (4 * torch.randn(shape, device=device, generator=gen)).to(dtype)
+    dy = torch.randn(shape, device=device, generator=gen).to(dtype)
     op = args.op
     ours = distributed.softmax if op == "softmax" else distributed.log_softmax
     torch_op = torch.softmax if op == "softmax" else torch.log_softmax
-    two = _two_all_reduces(torch, dist, op)
+    two = _two_all_reduces(torch, dist, op, axis)
     mesh = init_device_mesh(device.type, (world,))
     time_ms, back_to_back_ms = _timer(torch, dist, device)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -278,11 +285,12 @@ def _bench(args, torch, dist) -> int:
     compute = 8 if dtype == torch.float64 else 4
 
     name = "cpu" if args.cpu else torch.cuda.get_device_name(device)
-    say(f"{op} of {args.rows} x {args.cols} {args.dtype} sharded on the last axis over {world} ranks "
+    say(f"{op} of {args.rows} x {args.cols} {args.dtype} over axis {axis}, sharded on it over {world} ranks "
         f"({name}, torch {torch.__version__}, backend {backend})", flush=True)
     started = time.perf_counter()
-    passed, lines = _check(torch, dist, ours, x, dy, op, sample_rows(args.rows, args.check_rows), rank, world)
-    for line in lines:
+    passed, report = _check(torch, dist, lambda xl, **kw: ours(xl, axis, **kw), x, dy, op,
+                            sample_rows(lines, args.check_rows), rank, world, axis)
+    for line in report:
         say(line)
     say(f"(check: {time.perf_counter() - started:.1f} s, the first call's kernel loading included)", flush=True)
 
@@ -293,11 +301,12 @@ def _bench(args, torch, dist) -> int:
         return step
 
     def dtensor_fn(xl):
-        dt = DTensor.from_local(xl, mesh, [Shard(1)], shape=torch.Size((args.rows, args.cols)),
+        dt = DTensor.from_local(xl, mesh, [Shard(axis)], shape=torch.Size((args.rows, args.cols)),
                                 stride=(args.cols, 1))
-        return torch_op(dt, -1).redistribute(mesh, [Shard(1)]).to_local()
+        return torch_op(dt, axis).redistribute(mesh, [Shard(axis)]).to_local()
 
-    row_bytes = args.cols * itemsize
+    dtensor = "DTensor softmax, Shard(-1)" if axis == 1 else "DTensor softmax, Shard(0)"
+    row_bytes = sharded * itemsize
     ring = 2 * (world - 1) / world
     ours_recv = ((world - 1) * 2 * compute, ring * 8)  # the backward's row sums are float64
     recv = {
@@ -305,11 +314,11 @@ def _bench(args, torch, dist) -> int:
         "portable_softmax.distributed, check=False": ours_recv,
         "two all_reduces (torch ops)": (2 * ring * compute, ring * compute),
         # DTensor replicates the softmax axis: it gathers x forward and the incoming gradient backward
-        "DTensor softmax, Shard(-1)": ((world - 1) / world * row_bytes, (world - 1) / world * row_bytes),
+        dtensor: ((world - 1) / world * row_bytes, (world - 1) / world * row_bytes),
     }
-    methods = {"portable_softmax.distributed": ours,
-               "portable_softmax.distributed, check=False": lambda xl: ours(xl, check=False),
-               "two all_reduces (torch ops)": two, "DTensor softmax, Shard(-1)": dtensor_fn}
+    methods = {"portable_softmax.distributed": lambda xl: ours(xl, axis),
+               "portable_softmax.distributed, check=False": lambda xl: ours(xl, axis, check=False),
+               "two all_reduces (torch ops)": two, dtensor: dtensor_fn}
     started = time.perf_counter()
     rows, times = [], {}
     for name, fn in methods.items():
@@ -329,14 +338,14 @@ def _bench(args, torch, dist) -> int:
     # the local work of this package's path alone: partials + merge + finish, and grad_dot + grad_finish
     def local_times(math):
         def forward():
-            m, d = math.partials(x, 1)
+            m, d = math.partials(x, axis)
             big, total = math.merge(m.unsqueeze(0), d.unsqueeze(0))
-            return math.finish(x, big, total, op, False, 1)
+            return math.finish(x, big, total, op, False, axis)
 
         y = forward()
 
         def backward():
-            return math.grad_finish(dy, y, math.grad_dot(dy, y, op, 1), op, 1)
+            return math.grad_finish(dy, y, math.grad_dot(dy, y, op, axis), op, axis)
 
         return (time_ms(forward, args.iters, args.warmup), time_ms(backward, args.iters, args.warmup),
                 back_to_back_ms(forward, args.iters), back_to_back_ms(backward, args.iters))
@@ -356,7 +365,7 @@ def _bench(args, torch, dist) -> int:
         say("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     if "portable_softmax.distributed" in times:
         ours_fwd, ours_both = times["portable_softmax.distributed"]
-        for other in ("two all_reduces (torch ops)", "DTensor softmax, Shard(-1)"):
+        for other in ("two all_reduces (torch ops)", dtensor):
             if other in times:
                 fwd, both = times[other]
                 say(f"speed-up of portable_softmax.distributed over {other}: forward {fwd / ours_fwd:.2f}x, "
