@@ -1961,6 +1961,7 @@ const int kStridedPassHeld = 4;  // ... in the passes apart, whose chunks of the
 //   Op::Finish(partial, safe)               how a position's elements finish
 //   op.store_vector<VEC>(line, c, finish, held)   row c's outputs of the line's VEC positions
 //   Op::kPasses, op.publish(at, partial), op.given(line, at)   the passes it makes (StridedPasses)
+//   Op::kHeld                               vectors a thread holds a step (of all its lines)
 template <typename Op, int VEC, int LINES>
 PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int safe) {
   typedef typename Op::template Held<VEC> H;
@@ -1972,7 +1973,7 @@ PS_DEVICE void strided_thread(const Op& op, i64 outer, i64 cols, i64 inner, int 
   for (i64 base = (i64)PS_BLOCK_X * block_lines; base < lines; base += (i64)PS_GRID_DIM_X * block_lines) {
     typename Op::Line line[LINES];
     bool live[LINES];
-    i64 first[LINES];  // the position of the line's first (passes apart: see StridedPasses)
+    i64 first[LINES];  // the index of the line's first position (the passes apart: StridedPasses)
 #pragma unroll
     for (int l = 0; l < LINES; ++l) {
       const i64 at = base + l * PS_BLOCK_DIM_X + PS_THREAD_X;
