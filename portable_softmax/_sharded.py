@@ -145,11 +145,7 @@ def _passes(planner, problem, profile) -> tuple:
     from .planner import Plan
 
     both = planner(problem, profile)
-    return (both.notes.get("chunks", 1),
-            *(Plan(both.tier, (step,), scratch_zeroed=False) for step in both.launches))
-
-
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+    return (both.notes["chunks"], *(Plan(both.tier, (step,), scratch_zeroed=False) for step in both.launches))
 
 
 @dataclass(frozen=True)
@@ -170,9 +166,10 @@ class _Passes:
 def _layout(t: Tensor, axis: int):
     """The kernels' view of tensor ``t`` reduced along ``axis`` (layout.Rows or layout.Strided), or
     None where its dtype is not the kernels', it is empty, or its dimensions do not collapse."""
+    from ._dtypes import SUPPORTED
     from .layout import describe
 
-    if t.numel() == 0 or str(t.dtype).removeprefix("torch.") not in _DTYPES:
+    if t.numel() == 0 or _dtype(t) not in SUPPORTED:
         return None
     return describe(tuple(t.shape), tuple(t.stride()), axis)
 

@@ -1450,6 +1450,15 @@ class StridedPasses:
     grid: int
     threads: int
 
+    @property
+    def chunk_args(self) -> tuple:
+        """The launch arguments that tell both passes the axis's chunks."""
+        return ((I64, self.chunks), (I64, self.chunk_cols))
+
+    @property
+    def notes(self) -> dict:
+        return {"vec": self.vec, "lines": self.lines, "chunks": self.chunks, "chunk_cols": self.chunk_cols}
+
 
 def strided_passes(t: Tuning, device: DeviceProfile, dtype: str, outer: int, cols: int, inner: int,
                    vec: int) -> StridedPasses:
@@ -1489,15 +1498,13 @@ def plan_strided_passes(problem: StridedProblem, device: DeviceProfile, tuning: 
         return Plan("empty", ())
     vec = _widest_aligned(p, V.strided_thread_widths(p.dtype))
     s = strided_passes(t, device, p.dtype, p.outer, p.cols, p.inner, vec)
-    chunking = ((I64, s.chunks), (I64, s.chunk_cols))
     x_view = ((I64, p.outer), (I64, p.cols), (I64, p.inner), *((I64, x) for x in p.x_strides))
     first = Step(Kernel("strided_partials", (p.dtype, s.vec, s.lines)), s.grid, s.threads, 0,
-                 (("ptr", "x"), ("ptr", "partials"), *x_view, *chunking))
+                 (("ptr", "x"), ("ptr", "partials"), *x_view, *s.chunk_args))
     second = Step(Kernel("strided_finish", (p.dtype, p.op, s.vec, s.lines)), s.grid, s.threads, 0,
-                  (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), (I32, _safe(p)), *chunking))
+                  (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), *_view_args(p), (I32, _safe(p)), *s.chunk_args))
     scratch = (("partials", p.outer * s.chunks * p.inner * 2 * _compute_bytes(p.dtype)),)
-    notes = {"vec": s.vec, "lines": s.lines, "chunks": s.chunks, "chunk_cols": s.chunk_cols}
-    return Draft("strided_thread", (first, second), scratch, notes, scratch_zeroed=False).resolve()
+    return Draft("strided_thread", (first, second), scratch, s.notes, scratch_zeroed=False).resolve()
 
 
 def widest_aligned(widths, outer: int, inner: int, strides, misaligns) -> int:

@@ -361,14 +361,12 @@ def plan_strided_passes(problem: GradStridedProblem, device: DeviceProfile) -> P
     vec = widest_aligned(V.strided_thread_widths(p.dtype), p.outer, p.inner,
                          (p.dy_strides, p.y_strides, p.dx_strides), p.misaligns)
     s = strided_passes(default_tuning(device), device, p.dtype, p.outer, p.cols, p.inner, vec)
-    chunking = ((I64, s.chunks), (I64, s.chunk_cols))
     view = _view_args(p)  # dy, y, dx, (outer, cols, inner), then each one's strides
     sums = Launch(V.grad_strided_sums_name(p.dtype, p.op, s.vec, s.lines), s.grid, s.threads, 0,
-                  (*view[:2], (PTR, "sums"), *view[3:12], *chunking))
+                  (*view[:2], (PTR, "sums"), *view[3:12], *s.chunk_args))
     finish = Launch(V.grad_strided_finish_name(p.dtype, p.op, s.vec, s.lines), s.grid, s.threads, 0,
-                    (*view[:3], (PTR, "sums"), *view[3:], (I32, int(p.safe)), *chunking))
-    notes = {"vec": s.vec, "lines": s.lines, "chunks": s.chunks, "chunk_cols": s.chunk_cols}
-    return Plan("strided_thread", (sums, finish), (("sums", p.outer * s.chunks * p.inner * 16),), notes,
+                    (*view[:3], (PTR, "sums"), *view[3:], (I32, int(p.safe)), *s.chunk_args))
+    return Plan("strided_thread", (sums, finish), (("sums", p.outer * s.chunks * p.inner * 16),), s.notes,
                 scratch_zeroed=False)
 
 
