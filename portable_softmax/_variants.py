@@ -466,13 +466,14 @@ def grad_lane_slots(dtype: str, vec: int) -> int:
     return max(1, min(GRAD_MAX_LANE_SLOTS, GRAD_LANE_BYTES // (vec * DTYPES[dtype][2])))
 
 
-def grad_rows_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
+def grad_rows_shapes(dtype: str, warp: int, vec: int,
+                     wholes: tuple[bool, ...] = (False, True)) -> list[tuple[int, int]]:
     """(lanes a row, slots a lane) of the rows-in-registers gradient at width ``vec``: the groups and
     warps of grad_group_shape for rows of 1..WARP * grad_max_slots slots, and blocks (more lanes
-    than a warp) of grad_block_shapes, for rows of partial slots and of whole ones."""
+    than a warp) of grad_block_shapes, for rows of partial slots and of whole ones (``wholes``)."""
     lane_slots = grad_lane_slots(dtype, vec)
     groups, blocks = set(), []
-    for whole in (False, True):
+    for whole in wholes:
         most = warp * grad_max_slots(dtype, vec, whole)
         groups |= {grad_group_shape(slots, warp, lane_slots) for slots in range(1, most + 1)}
         # a block holding no more than a warp does is never planned
@@ -540,22 +541,28 @@ def grad_rows_from_input_name(dtype: str, op: str, warp: int, lanes: int, slots:
     return f"ps_bwd_from_input_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
 
-#: element sizes whose gradient from x is built: float32 rows ran at 89-101% of the copy from x where
-#: the forward and the gradient from y take 52-61 together; 16-bit rows ran at 30-80, mostly below
-#: those two launches (docs/design.md)
-GRAD_FROM_INPUT_ITEMSIZES = (4, 8)
+def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
+    """The grad_rows shapes whose gradient from x is built: those that take one row a step, and for
+    16-bit elements those of whole rows in 16-byte slots alone (the kernel tests no slot, and the
+    planner plans it for no other rows; docs/design.md)."""
+    if DTYPES[dtype][2] == 2:
+        if not whole_16_bit(dtype, vec, True):
+            return []
+        return grad_rows_shapes(dtype, warp, vec, wholes=(True,))
+    return [(lanes, slots) for lanes, slots in grad_rows_shapes(dtype, warp, vec)
+            if grad_rows_batch(dtype, warp, lanes, slots, vec) == 1]
 
 
 def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[Entry]:
-    """The rows regime's gradient entries at one width: from y, and from x where a group takes one
-    row a step (the batched groups, rows of one float32 column, have no twin from x) for the element
-    sizes of GRAD_FROM_INPUT_ITEMSIZES."""
-    tag, ctype, itemsize = DTYPES[dtype]
+    """The rows regime's gradient entries at one width: from y for each of ``shapes``, and from x
+    beside those of grad_from_input_shapes."""
+    tag, ctype, _ = DTYPES[dtype]
+    from_input = set(grad_from_input_shapes(dtype, warp, vec))
     out = []
     for lanes, slots in shapes:
         args = (tag, ctype, op, OPS[op], warp, lanes, slots, vec)
         out.append(Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY", args))
-        if itemsize in GRAD_FROM_INPUT_ITEMSIZES and grad_rows_batch(dtype, warp, lanes, slots, vec) == 1:
+        if (lanes, slots) in from_input:
             out.append(Entry(grad_rows_from_input_name(dtype, op, warp, lanes, slots, vec),
                              "PS_GRAD_ROWS_FROM_INPUT_ENTRY", args))
     return out

@@ -303,9 +303,10 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     gradient's plan holds a row in registers (a group of lanes, a warp or a block a row, one row a
     step): the kernel takes the row's max and sums from x and finishes as from y = softmax(x).
     ``problem`` describes dy, x and dx (its y strides and misalignment are x's); the launch reads
-    buffers "dy" and "x" and writes "dx". None where no such kernel is built (16-bit rows,
-    V.GRAD_FROM_INPUT_ITEMSIZES; rows the split regimes take; rows of one float32 column, whose
-    groups take several rows a step): compute y first there.
+    buffers "dy" and "x" and writes "dx". None where no such kernel is built
+    (V.grad_from_input_shapes: rows the split regimes take; rows of one float32 column, whose groups
+    take several rows a step; 16-bit rows other than whole ones in 16-byte slots): compute y first
+    there.
 
     >>> from portable_softmax.planner import DeviceProfile
     >>> p = plan_backward_from_input(GradRowProblem("float32", "softmax", 8192, 8192), DeviceProfile.h100())
@@ -315,11 +316,13 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     the_plan = plan_backward(problem, device, tuning)
     if not the_plan.launches:
         return the_plan
-    if V.DTYPES[problem.dtype][2] not in V.GRAD_FROM_INPUT_ITEMSIZES:
-        return None
     notes = the_plan.notes
-    if the_plan.tier not in ("warp", "block") or V.grad_rows_batch(
-            problem.dtype, device.warp_size, notes["lanes"], notes["slots"], notes["vec"]) != 1:
+    if the_plan.tier not in ("warp", "block"):
+        return None
+    if V.DTYPES[problem.dtype][2] == 2 and not whole_rows(problem, notes["vec"]):
+        return None
+    if (notes["lanes"], notes["slots"]) not in V.grad_from_input_shapes(problem.dtype, device.warp_size,
+                                                                         notes["vec"]):
         return None
     launch = the_plan.launches[0]
     name = V.grad_rows_from_input_name(problem.dtype, problem.op, device.warp_size, notes["lanes"], notes["slots"],

@@ -223,6 +223,10 @@ template <typename T, int VEC> struct GradRow {
   }
 };
 
+// 16-bit elements in 16-byte slots (rows held several slots a thread skip the test of each slot
+// where every slot of every row is full; a slot's terms are summed in float before the double sum).
+template <typename T, int VEC> constexpr bool kWide16Bit = sizeof(T) == 2 && VEC * sizeof(T) == 16;
+
 // ---- the gradient from the forward's input x, a row held in registers ---------------------------
 // The row's max first, then each exp(x - max) once, summed beside the gradient's sum (of dy times it
 // for softmax, of dy for log_softmax): two plain reductions and no exp in the shuffles, as the
@@ -258,9 +262,11 @@ template <int WARP, typename C> PS_DEVICE InputSums<C> sums_over_block(InputSums
 }
 
 // From the row's held dy and x (SLOTS slots a thread): the forward's finish of x (y_of) and the
-// gradient's total, as grad_rows then takes them from y.
-template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct InputRow {
+// gradient's total, as grad_rows then takes them from y. WHOLE: every slot of the row is full (no
+// test of each element); a 16-bit slot's terms are summed in float first, as grad_rows' are.
+template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOLE = false> struct InputRow {
   typedef typename compute_of<T>::type C;
+  typedef typename type_if<kWide16Bit<T, VEC>, C, double>::type Part;
   YFromInput<OP, T> y_of;
   GradSum<C> total;
 
@@ -274,7 +280,7 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct In
       widen(x[s], v);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (active && k < g.slots && g.inside(k, j)) top = ps_max_nan(top, v[j]);
+        if (active && k < g.slots && (WHOLE || g.inside(k, j))) top = ps_max_nan(top, v[j]);
       }
     }
     if constexpr (GROUP > WARP) {
@@ -291,17 +297,17 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct In
       C dv[VEC], v[VEC];
       widen(dy[s], dv);
       widen(x[s], v);
-      double part = 0.0;  // a slot's terms chain in their own double, as GradAccumulator's
+      Part part = Part(0);  // a slot's terms chain apart, as GradAccumulator's
       C d = C(0);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (g.full(k) || g.inside(k, j)) {
+        if (WHOLE || g.full(k) || g.inside(k, j)) {
           const C e = exp_minus(v[j]);
           d += e;
-          part += static_cast<double>(OP == kSoftmax ? dv[j] * e : dv[j]);
+          part += static_cast<Part>(OP == kSoftmax ? dv[j] * e : dv[j]);
         }
       }
-      sums.grad += part;
+      sums.grad += static_cast<double>(part);
       sums.d += d;
     }
     if constexpr (GROUP > WARP) {
@@ -324,12 +330,9 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC> struct In
 // past the end takes part in the shuffles and stores nothing).
 // FROM_INPUT: y holds the forward's input x (InputRow: the row's max and sums from it, and each
 // element's y as the forward's finish of x).
-// 16-bit elements in 16-byte slots: where every slot of every row is full, rows held several slots a
-// thread skip the test of each slot (three a slot: load, sum, store), which held them at 62-99% of
-// the copy; a slot's terms are summed in float before the double sum (docs/design.md).
-template <typename T, int VEC> constexpr bool kWide16Bit = sizeof(T) == 2 && VEC * sizeof(T) == 16;
-
-// WHOLE: every slot of every row is full (the launch's rows start on a vector and hold whole vectors).
+// WHOLE: every slot of every row is full (the launch's rows start on a vector and hold whole
+// vectors). For 16-bit elements in 16-byte slots held several a thread, the test of each slot
+// (three a slot: load, sum, store) held rows at 62-99% of the copy (docs/design.md).
 template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT, bool WHOLE>
 PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
   typedef typename compute_of<T>::type C;
@@ -350,12 +353,12 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
       if (active && k < g.slots) g.load(k, a[s], b[s], WHOLE);
     }
     if constexpr (FROM_INPUT) {
-      const InputRow<OP, WARP, GROUP, SLOTS, T, VEC> in(g, a, b, active, lane, safe != 0);
+      const InputRow<OP, WARP, GROUP, SLOTS, T, VEC, WHOLE> in(g, a, b, active, lane, safe != 0);
       const typename Backward<OP>::template Finish<C> f(in.total, safe != 0);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = lane + (i64)s * GROUP;
-        if (active && k < g.slots) g.store(k, a[s], b[s], f, in.y_of);
+        if (active && k < g.slots) g.store(k, a[s], b[s], f, in.y_of, WHOLE);
       }
       continue;
     }
@@ -382,6 +385,12 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 
 template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false>
 PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
+  if constexpr (FROM_INPUT && kWide16Bit<T, VEC>) {
+    // built for whole rows alone (planner_backward.plan_backward_from_input plans it for no others),
+    // so no element is tested and no second path takes registers
+    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+    return;
+  }
   // the layouts planned for whole rows (planner_backward): a warp of 2 slots a lane, or a block
   if constexpr (kWide16Bit<T, VEC> && SLOTS > 1 && (SLOTS <= 2 || GROUP > WARP) && !FROM_INPUT) {
     // dy, y and dx share each row's offset in its vectors (the host checks): dy's rows tell

@@ -31,6 +31,7 @@ from portable_softmax.planner_backward import (
     plan_backward,
     plan_backward_from_input,
     plan_strided_passes,
+    whole_rows,
 )
 
 WARPS = V.WARP_SIZES
@@ -349,7 +350,16 @@ def run_from_input(runtime, dy, x, the_plan, offsets=(0, 0, 0)):
 
 
 #: rows the rows regime takes (groups of lanes of every slot width, a warp, a block), and rows it does not
-FROM_INPUT_SHAPES = [(40, 3), (40, 8), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 6000), (40, 1)]
+FROM_INPUT_SHAPES = [(40, 3), (40, 8), (33, 32), (9, 130), (6, 512), (5, 1000), (4, 2048), (7, 3000), (3, 6000),
+                     (40, 1)]
+
+
+def from_input_is_built(problem: GradRowProblem, tier: str) -> bool:
+    """Whether a gradient from x is built for the rows of ``problem`` (V.grad_from_input_shapes): rows
+    held in registers one row a step, and 16-bit ones only where every row holds whole 16-byte slots."""
+    if tier not in ("warp", "block") or (problem.cols == 1 and problem.dtype == "float32"):
+        return False
+    return V.DTYPES[problem.dtype][2] != 2 or whole_rows(problem, 8)
 
 
 @pytest.mark.parametrize("offset", [0, 1])
@@ -359,15 +369,14 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
     """dx from dy and x in one read of each (the row's max and sums from the held x, then the gradient
     as from y), in every shape of the rows regime; None where it takes no row a step (the split
     regimes, and float32 rows of one column, whose groups take several rows a step) and for 16-bit
-    rows (V.GRAD_FROM_INPUT_ITEMSIZES)."""
+    rows other than whole ones in 16-byte slots."""
     tiers = set()
     for rows, cols in [*FROM_INPUT_SHAPES, (1, 20000), (2, 100000)]:
         problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
         the_plan = plan_backward_from_input(problem, runtime.profile(0))
         tier = plan_backward(problem, runtime.profile(0)).tier
+        assert (the_plan is not None) == from_input_is_built(problem, tier), (problem, tier)
         if the_plan is None:
-            assert (tier in ("cached", "split") or (cols == 1 and dtype == "float32")
-                    or V.DTYPES[dtype][2] not in V.GRAD_FROM_INPUT_ITEMSIZES), (problem, tier)
             continue
         tiers.add(the_plan.tier)
         assert the_plan.launches[0].kernel.startswith("ps_bwd_from_input_rows_"), the_plan
@@ -378,23 +387,27 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
         bad = _tolerance.outside(got, ref)
         assert not bad.any(), (f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}: {int(bad.sum())} outside, "
                                f"e.g. got {got[bad][:3]} want {ref[bad][:3]}")
-    assert tiers == ({"warp", "block"} if V.DTYPES[dtype][2] in V.GRAD_FROM_INPUT_ITEMSIZES else set())
+    assert tiers == ({"warp", "block"} if V.DTYPES[dtype][2] != 2 or offset == 0 else set())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("safe", [False, True])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe):
+def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe, dtype):
     """NaN in x or dy makes its row NaN; a row of x all -inf gets 0 when safe, NaN otherwise; +inf
-    in x gives NaN (as the forward does). Groups, a warp and a block a row."""
-    for rows, cols in [(40, 3), (9, 130), (5, 1000), (6, 3000)]:
-        x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
-        dy = rng.standard_normal((rows, cols)).astype(np.float32)
+    in x gives NaN (as the forward does). Groups, a warp and a block a row (whole 16-bit rows: a
+    block of 2 slots a thread and of 4)."""
+    shapes = [(40, 3), (9, 130), (5, 1000), (6, 3000)] if dtype == "float32" else [(40, 8), (9, 136), (5, 1000),
+                                                                                    (6, 3000)]
+    for rows, cols in shapes:
+        x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
+        dy = rng.standard_normal((rows, cols)).astype(x.dtype)
         x[0, cols // 2] = np.nan
         dy[1, cols - 1] = np.nan
         x[2] = -np.inf
         x[3, 0] = np.inf
         x[4, : cols - 1] = -np.inf  # one value above -inf: y is one-hot, dx from it alone
-        the_plan = plan_backward_from_input(GradRowProblem("float32", op, rows, cols, safe=safe), runtime.profile(0))
+        the_plan = plan_backward_from_input(GradRowProblem(dtype, op, rows, cols, safe=safe), runtime.profile(0))
         got = run_from_input(runtime, dy, x, the_plan)
         assert np.isnan(got[[0, 1, 3]]).all(), (rows, cols, the_plan.tier)
         assert (got[2] == 0).all() if safe else np.isnan(got[2]).all(), (rows, cols, the_plan.tier)
@@ -494,6 +507,7 @@ def _witness_problems(dtype: str):
                     continue
                 for misaligns in ((0, 0, 0), (1, 1, 1), (0, 1, 0)):
                     yield GradRowProblem(dtype, op, rows, cols, misaligns=tuple(m % widest for m in misaligns))
+        yield GradRowProblem(dtype, op, 1024, 24576)  # rows that the largest blocks a row hold, whole
         for cols in (32, 60, 100, 128, 250, 256):  # rows padded to a stride 4 or 8 bytes past 16
             for pad in (2, 4):
                 yield GradRowProblem(dtype, op, 4096, cols, strides=(cols + pad,) * 3)

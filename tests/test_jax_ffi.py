@@ -217,7 +217,9 @@ def test_the_choice_of_the_gradient_from_input():
     assert not _jax.takes_input_path((8192, 8192), "float32", 0, "softmax", False, h100), "not the last axis"
     assert not _jax.takes_input_path((5, 1), "float32", -1, "softmax", False, h100), "rows of one float32"
     assert _jax.takes_input_path((64, 1000), "float32", -1, "log_softmax", False, DeviceProfile.mi300x())
-    assert not _jax.takes_input_path((64, 1000), "bfloat16", -1, "log_softmax", False, h100), "16-bit: from y"
+    assert _jax.takes_input_path((64, 1000), "bfloat16", -1, "log_softmax", False, h100), "whole 16-byte slots"
+    assert _jax.takes_input_path((64, 8192), jnp.float16, -1, "softmax", False, h100), "whole 16-byte slots"
+    assert not _jax.takes_input_path((64, 1001), "bfloat16", -1, "log_softmax", False, h100), "16-bit, partial slots"
 
 
 def test_the_choice_is_made_once_per_shape_on_the_runtime_profile(stand_in, monkeypatch):
@@ -393,7 +395,8 @@ def test_grad_of_a_long_row_lowers_to_the_forward_and_the_gradient_kernels(stand
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("shape, dtype", [((16, 128), "float32"), ((6, 40, 257), "float32"), ((4, 33), "float32")])
+@pytest.mark.parametrize("shape, dtype", [((16, 128), "float32"), ((6, 40, 257), "float32"), ((4, 33), "float32"),
+                                          ((16, 1024), "bfloat16"), ((3, 8, 4096), "float16")])
 def test_grad_from_input_lowers_to_one_custom_call(stand_in, op, shape, dtype):
     """Where a kernel of the gradient from x is planned, jax.grad keeps x, not y: the forward's call
     is left unused and dropped, and one call reads dy and x (operands 0 and 1) and writes dx."""
@@ -418,6 +421,15 @@ def test_grad_from_input_lowers_to_one_custom_call(stand_in, op, shape, dtype):
 def test_grad_keeps_y_for_a_non_last_axis(stand_in, op, safe, axis):
     loss = jax.grad(lambda t: (getattr(ps, op)(t, axis=axis, safe=safe) * jnp.cos(t)).sum())
     calls = _calls(_lowered(loss, (64, 128), jnp.float32, ("cuda",)))
+    assert len(calls) == 2 and any(f'op = "{op}_backward"' in line for line in calls), calls
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_grad_keeps_y_for_16_bit_rows_of_partial_slots(stand_in, op):
+    """16-bit rows whose length is not a whole number of 16-byte slots have no kernel from x: the
+    forward's call, then the gradient from y."""
+    loss = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.cos(t)).sum())
+    calls = _calls(_lowered(loss, (16, 1001), jnp.bfloat16, ("cuda",)))
     assert len(calls) == 2 and any(f'op = "{op}_backward"' in line for line in calls), calls
 
 
@@ -745,8 +757,8 @@ def test_gpu_grads_vmap_and_jvp_match_jax_nn(op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("safe", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", [(4, 33), (512, 4096), (6, 40, 257), (3, 1), (4, 200_000)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(4, 33), (512, 4096), (300, 1000), (6, 40, 257), (3, 1), (4, 200_000)])
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.usefixtures("registered")
