@@ -268,20 +268,28 @@ template <int WARP, typename C> PS_DEVICE InputSums<C> sums_over_block(InputSums
 template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOLE = false> struct InputRow {
   typedef typename compute_of<T>::type C;
   typedef typename type_if<kWide16Bit<T, VEC>, C, double>::type Part;
+  // float16 rows' max from the raw pairs, two values an instruction, widened once: a float16 value
+  // is widened by a conversion instruction (a bfloat16 one by a shift), and x is widened twice more
+  static constexpr bool kPackedMax = WHOLE && kWide16Bit<T, VEC> && PackedMax<T>::native &&
+                                     same_type<T, half_t>::value;
   YFromInput<OP, T> y_of;
   GradSum<C> total;
 
   PS_DEVICE InputRow(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy, const Vec<T, VEC>* x, bool active, int lane,
                      bool safe) {
     C top = ps_neg_inf<C>();
+    if constexpr (kPackedMax) {
+      top = max_of_whole_slots(g, x, active, lane);
+    } else {
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
-      C v[VEC];
-      widen(x[s], v);
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = lane + (i64)s * GROUP;
+        C v[VEC];
+        widen(x[s], v);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (active && k < g.slots && (WHOLE || g.inside(k, j))) top = ps_max_nan(top, v[j]);
+        for (int j = 0; j < VEC; ++j) {
+          if (active && k < g.slots && (WHOLE || g.inside(k, j))) top = ps_max_nan(top, v[j]);
+        }
       }
     }
     if constexpr (GROUP > WARP) {
@@ -322,6 +330,25 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
     // tells log_softmax's finish a NaN row and a safe empty one
     total.sum = OP == kSoftmax ? (sums.d > C(0) ? sums.grad / static_cast<double>(sums.d) : 0.0) : sums.grad;
     total.top = top != top ? top : (sums.d == C(0) ? ps_neg_inf<C>() : C(0));
+  }
+
+  PS_DEVICE static C max_of_whole_slots(const GradRow<T, VEC>& g, const Vec<T, VEC>* x, bool active, int lane) {
+    Vec<T, 2> pair;
+    pair.v[0] = pair.v[1] = from_compute<T>(ps_neg_inf<C>());
+    unsigned top;
+    memcpy(&top, &pair, 4);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      if (!active || lane + (i64)s * GROUP >= g.slots) continue;
+      unsigned words[VEC / 2];
+      memcpy(words, &x[s], sizeof(words));
+#pragma unroll
+      for (int w = 0; w < VEC / 2; ++w) top = PackedMax<T>::max(top, words[w]);
+    }
+    memcpy(&pair, &top, 4);
+    C v[2];
+    widen(pair, v);
+    return ps_max_nan(v[0], v[1]);
   }
 };
 
