@@ -416,19 +416,19 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
     // built for whole rows alone (planner_backward.plan_backward_from_input plans it for no others),
     // so no element is tested and no second path takes registers
     grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
-    return;
-  }
-  // the layouts planned for whole rows (planner_backward): a warp of 2 slots a lane, or a block
-  if constexpr (kWide16Bit<T, VEC> && SLOTS > 1 && (SLOTS <= 2 || GROUP > WARP) && !FROM_INPUT) {
-    // dy, y and dx share each row's offset in its vectors (the host checks): dy's rows tell
-    const bool whole = reinterpret_cast<unsigned long long>(dy) % sizeof(Vec<T, VEC>) == 0 && dys % VEC == 0 &&
-                       cols % VEC == 0;
-    if (whole) {
-      grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
-      return;
+  } else {
+    // the layouts planned for whole rows (planner_backward): a warp of 2 slots a lane, or a block
+    if constexpr (kWide16Bit<T, VEC> && SLOTS > 1 && (SLOTS <= 2 || GROUP > WARP)) {
+      // dy, y and dx share each row's offset in its vectors (the host checks): dy's rows tell
+      const bool whole = reinterpret_cast<unsigned long long>(dy) % sizeof(Vec<T, VEC>) == 0 && dys % VEC == 0 &&
+                         cols % VEC == 0;
+      if (whole) {
+        grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+        return;
+      }
     }
+    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, false>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
   }
-  grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, false>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
 }
 
 // ---- the gradient op of rows_in_registers (softmax.cuh), for groups of one float32 a lane ---------
