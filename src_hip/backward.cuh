@@ -137,6 +137,30 @@ template <typename T, int VEC> struct GradRow {
     const i64 i = k * VEC - pad + j;
     return i >= 0 && i < cols;
   }
+  // The row's edge elements: those of its partial slots (before its first full slot and after its
+  // last), at most 2 (VEC - 1), numbered from the row's start. A kernel that takes them one a thread
+  // takes every other slot whole: one path a slot, no test of its elements. An edge element is read
+  // again to be finished (held across the row's reduction, its registers made the kernels spill).
+  PS_DEVICE i64 head_edges() const {
+    const i64 head = pad > 0 ? VEC - pad : 0;
+    return head < cols ? head : cols;
+  }
+  PS_DEVICE i64 tail_start() const {
+    const i64 after_full = (pad + cols) / VEC * VEC - pad;
+    return after_full > head_edges() ? after_full : head_edges();
+  }
+  PS_DEVICE i64 edge_at(int e) const {  // the column of edge element e, or -1 where the row has none
+    const i64 head = head_edges(), at = e < head ? e : tail_start() + (e - head);
+    return e >= 0 && at < cols ? at : -1;
+  }
+  template <int OP> PS_DEVICE void add_edge(int e, GradAccumulator<OP, C>& acc) const {
+    const i64 at = edge_at(e);
+    if (at >= 0) acc.add(to_compute(dy[at]), to_compute(y[at]));
+  }
+  template <typename F> PS_DEVICE void store_edge(int e, const F& f) const {
+    const i64 at = edge_at(e);
+    if (at >= 0) dx[at] = from_compute<T>(f(to_compute(dy[at]), to_compute(y[at])));
+  }
   // Elements outside the row read as 0 (the callers skip them). whole: the caller knows every slot of
   // the row is full (then slot k is, without a test of its own).
   PS_DEVICE void load(i64 k, Vec<T, VEC>& a, Vec<T, VEC>& b, bool whole = false) const {
@@ -366,6 +390,13 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
   typedef typename compute_of<T>::type C;
   constexpr bool kBlock = GROUP > WARP;
   constexpr bool kSlotInFloat = kWide16Bit<T, VEC>;
+  // 16-bit rows of partial slots in 16-byte slots: the slots whole, the edge elements one a lane
+  // (where the group has lanes enough for them all). Not in blocks of 2 slots a thread, which are
+  // planned for whole rows alone (grad_block_shapes): the registers of a peeled path would cost them
+  // blocks. Narrower slots and float32 rows ran no faster so (up to 30 more registers).
+  constexpr bool kPeeled = !WHOLE && !FROM_INPUT && kWide16Bit<T, VEC> && GROUP >= 2 * (VEC - 1) &&
+                           !(kBlock && SLOTS <= 2);
+  constexpr bool kSlotsWhole = WHOLE || kPeeled;
   const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
   const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
   const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
@@ -378,7 +409,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.load(k, a[s], b[s], WHOLE);
+      if (active && (kPeeled ? g.full(k) : k < g.slots)) g.load(k, a[s], b[s], kSlotsWhole);
     }
     if constexpr (FROM_INPUT) {
       const InputRow<OP, WARP, GROUP, SLOTS, T, VEC, WHOLE> in(g, a, b, active, lane, safe != 0);
@@ -394,8 +425,9 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, WHOLE);
+      if (active && (kPeeled ? g.full(k) : k < g.slots)) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, kSlotsWhole);
     }
+    if constexpr (kPeeled) g.add_edge(active ? lane : -1, acc);
     GradSum<C> total;
     if constexpr (kBlock) {
       total = grad_reduce_block<OP, WARP>(acc.total);
@@ -406,8 +438,9 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = lane + (i64)s * GROUP;
-      if (active && k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), WHOLE);
+      if (active && (kPeeled ? g.full(k) : k < g.slots)) g.store(k, a[s], b[s], f, YAsStored(), kSlotsWhole);
     }
+    if constexpr (kPeeled) g.store_edge(active ? lane : -1, f);
   }
 }
 
@@ -498,13 +531,12 @@ template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBa
 // Where copies are asynchronous (kAsyncSlots), the block's next row is copied to shared memory once
 // this row's total is known, so that its loads are in flight while this row is finished and stored
 // (copies issued before the row's chunks meet delay the meeting: docs/design.md); a thread reads
-// back only the slots it copied, so no barrier is needed. The partial slots at a row's ends are
-// loaded directly.
+// back only the slots it copied, so no barrier is needed.
+// Every slot is taken whole (one path a slot, a 16-bit slot's terms summed in float as grad_rows_of's
+// whole rows); the partial slots at a row's two ends are its edge elements, which chunk 0's threads
+// take one each (GradRow::edge_at). WHOLE: rows of whole slots alone, so no edge code.
 const int kGradCachedThreads = 256;  // a chunk of the on-chip split (the launch bound)
 
-// WHOLE (16-bit rows in 16-byte slots, planned where every slot is full: planner_backward): no test a
-// slot, and a slot's terms summed in float, as grad_rows_of<..., true> (a kernel of its own: the two
-// paths in one kernel overflow the static shared memory and the registers of 4 blocks).
 template <typename T, int OP, int WARP, int SLOTS, int VEC, bool WHOLE = false>
 PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
@@ -520,6 +552,8 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
   const i64 begin = chunk * (i64)PS_BLOCK_DIM_X * SLOTS + PS_THREAD_X;
+  // the threads of chunk 0 take the row's edge elements, one each (none where WHOLE)
+  const int edge_of_thread = !WHOLE && chunk == 0 ? static_cast<int>(PS_THREAD_X) : -1;
   Vec<T, VEC> a[SLOTS], b[SLOTS];
   {
     const i64 row = PS_BLOCK_X / chunks;
@@ -527,7 +561,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.load(k, a[s], b[s], WHOLE);
+      if (WHOLE ? k < g.slots : g.full(k)) g.load(k, a[s], b[s], true);
     }
   }
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
@@ -537,8 +571,9 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.template add<OP, WHOLE>(k, a[s], b[s], acc, WHOLE);
+      if (WHOLE ? k < g.slots : g.full(k)) g.template add<OP, kWide16Bit<T, VEC>>(k, a[s], b[s], acc, true);
     }
+    g.add_edge(edge_of_thread, acc);
     const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
     volatile double* published = sums + 2 * row * chunks;
     if (PS_THREAD_X == 0) {
@@ -578,7 +613,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-          if (k < next.slots && (WHOLE || next.full(k))) {
+          if (WHOLE ? k < next.slots : next.full(k)) {
             const i64 first = k * VEC - next.pad;
             async_copy<sizeof(Slot)>(&next_dy[s * kGradCachedThreads + PS_THREAD_X], next.dy + first);
             async_copy<sizeof(Slot)>(&next_y[s * kGradCachedThreads + PS_THREAD_X], next.y + first);
@@ -590,8 +625,9 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (k < g.slots) g.store(k, a[s], b[s], f, YAsStored(), WHOLE);
+      if (WHOLE ? k < g.slots : g.full(k)) g.store(k, a[s], b[s], f, YAsStored(), true);
     }
+    g.store_edge(edge_of_thread, f);
     if (next_row < rows) {  // the next row into registers
       const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
 #if PS_ASYNC_COPY
@@ -600,11 +636,13 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
         const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-        if (kPrefetch && k < next.slots && (WHOLE || next.full(k))) {
-          a[s] = next_dy[s * kGradCachedThreads + PS_THREAD_X];
-          b[s] = next_y[s * kGradCachedThreads + PS_THREAD_X];
-        } else if (k < next.slots) {
-          next.load(k, a[s], b[s], WHOLE);
+        if (WHOLE ? k < next.slots : next.full(k)) {
+          if (kPrefetch) {
+            a[s] = next_dy[s * kGradCachedThreads + PS_THREAD_X];
+            b[s] = next_y[s * kGradCachedThreads + PS_THREAD_X];
+          } else {
+            next.load(k, a[s], b[s], true);
+          }
         }
       }
     }

@@ -194,6 +194,33 @@ def test_16_bit_rows_of_whole_slots_and_the_same_kernels_on_partial_ones(runtime
     assert len(layouts) >= 3
 
 
+@pytest.mark.parametrize("vec, lanes, slots", [(8, 16, 1), (8, "warp", 4), (8, 128, 4), (8, 128, 2), (4, 8, 2)])
+def test_16_bit_rows_take_the_elements_of_their_partial_slots_one_a_lane(runtime, rng, vec, lanes, slots):
+    """Groups of 16-byte slots with at least 2 (vec - 1) lanes, and blocks of 4 slots a thread, take
+    a row's full slots whole and the elements of its partial slots one a lane (blocks of 2 slots and
+    narrow slots test each slot): rows starting at every offset in a vector, of every length up to
+    the group's, including rows inside one vector and rows of no full slot, in a padded stride."""
+    dtype = "bfloat16"
+    stride = 4 * vec
+    lanes = runtime.profile(0).warp_size if lanes == "warp" else lanes
+    for op in ("softmax", "log_softmax"):
+        for offset in range(vec):
+            for cols in sorted({1, 2, vec - 1, vec, vec + 1, 2 * vec - 1, 2 * vec + 3, 3 * vec + 1}):
+                if offset + cols > lanes * slots * vec:
+                    continue
+                y = forward_output(rng, (9, stride), 1, op, dtype)
+                dy = rng.standard_normal((9, stride)).astype(y.dtype)
+                problem = GradRowProblem(dtype, op, 9, cols, strides=(stride,) * 3, misaligns=(offset,) * 3)
+                the_plan = plan_backward(problem, runtime.profile(0))
+                kernel = V.grad_rows_name(dtype, op, runtime.profile(0).warp_size, lanes, slots, vec)
+                threads = lanes if lanes > runtime.profile(0).warp_size else V.GRAD_ROWS_THREADS
+                launch = replace(the_plan.launches[0], kernel=kernel, grid=-(-9 // max(1, threads // lanes)),
+                                 block=threads)
+                got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3)
+                assert_gradient(got[:, :cols], dy[:, :cols], y[:, :cols], 1, op,
+                                f"{cols} columns at offset {offset} {kernel}")
+
+
 @pytest.mark.parametrize("offsets", [(0, 0, 0), (1, 1, 1), (3, 3, 3)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16_bit_rows_of_an_unaligned_stride_take_narrow_vectors(runtime, rng, dtype, offsets):
