@@ -359,6 +359,24 @@ def test_nan_and_empty_rows(runtime, rng):
                 assert (got[0] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_nan_of_y_anywhere_in_a_row_makes_it_nan_without_safe(runtime, rng, dtype):
+    """Without safe=True too, a NaN of y at any column (any lane's slot, an edge element of a
+    partial slot) makes its whole row NaN, in every regime."""
+    for rows, cols in ROW_SHAPES[2:]:
+        for op in ("softmax", "log_softmax"):
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            at = sorted({0, 1, cols // 3, cols - 2, cols - 1})
+            nan_rows = [r % rows for r in range(len(at))]
+            for r, c in zip(nan_rows, at):
+                y[r, c] = np.nan
+            the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols), runtime.profile(0))
+            got = runtime.run_backward(dy, y, the_plan)
+            assert np.isnan(got[sorted(set(nan_rows))]).all(), f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}"
+            assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}")
+
+
 # ---- the gradient from the forward's input x ----------------------------------------------------------
 def gradient_from_input_reference(dy: np.ndarray, x: np.ndarray, op: str, safe: bool = False) -> np.ndarray:
     """float64 dx from dy and x along the last axis (y = softmax / log_softmax of x in float64)."""
