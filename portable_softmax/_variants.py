@@ -614,10 +614,23 @@ def grad_strided_finish_name(dtype: str, op: str, vec: int, lines: int) -> str:
     return f"ps_bwd_strided_finish_{DTYPES[dtype][0]}_{op}_v{vec}_l{lines}"
 
 
+#: the gradient's staged rows (the forward's staged_rows with the gradient's op): a thread a row (1) or
+#: a group of lanes a row, for elements of GRAD_STAGED_ITEMSIZES
+GRAD_STAGED_LANES = (1, 4)
+GRAD_STAGED_ITEMSIZES = (2, 4)
+
+
+def grad_staged_name(dtype: str, op: str, lanes: int) -> str:
+    return f"ps_bwd_staged_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
+
+
 def grad_warp_free_entries(dtype: str) -> list[Entry]:
     tag, ctype, _ = DTYPES[dtype]
     out = []
     for op, enum in OPS.items():
+        if DTYPES[dtype][2] in GRAD_STAGED_ITEMSIZES:
+            out += [Entry(grad_staged_name(dtype, op, lanes), "PS_GRAD_STAGED_ENTRY",
+                          (tag, ctype, op, enum, lanes, vector_widths(dtype)[1])) for lanes in GRAD_STAGED_LANES]
         out.append(Entry(grad_strided_name(dtype, op), "PS_GRAD_STRIDED_ENTRY", (tag, ctype, op, enum)))
         out += [Entry(grad_strided_cached_name(dtype, op, vec), "PS_GRAD_STRIDED_CACHED_ENTRY",
                       (tag, ctype, op, enum, vec)) for vec in strided_vector_widths(dtype)

@@ -28,6 +28,7 @@ from .planner import (
     Launch,
     Plan,
     PlanError,
+    SizeMap,
     _compute_bytes,
     _work_grid,
     default_tuning,
@@ -105,6 +106,23 @@ class GradTuning:
     strided_thread_min_fill: float = 0.5
     #: ... in blocks of this many threads (the kernels' launch bound, kStridedThreadThreads)
     strided_thread_threads: int = 256
+    #: contiguous rows of dy, y and dx alike aligned whose length is not a whole number of 16-byte
+    #: vectors, of staged_min_cols columns (by element size) up to staged_max_row_bytes, of elements of
+    #: these sizes, go through shared memory (the forward's staged_rows): every global access a whole
+    #: vector (16-bit rows of 2 and 3 columns ran 14-34% slower there, rows of 4 traded a tenth of
+    #: softmax's speed for a sixth more of log_softmax's, float32 rows of 2 columns 14-18% slower)
+    staged_itemsizes: tuple = V.GRAD_STAGED_ITEMSIZES
+    staged_min_cols: SizeMap = SizeMap({2: 5, 4: 3})
+    staged_max_row_bytes: int = 576
+    #: ... a thread a row up to staged_thread_max_row_bytes (a tile of 128 such rows of dy and y fills
+    #: a block's 48 KiB), else a group of staged_group_lanes lanes, its rows in the order of fewer
+    #: shared banks (planner.staged_bank_ways)
+    staged_thread_max_row_bytes: int = 180
+    staged_group_lanes: int = 4
+    #: ... a block of staged_threads threads (the kernels' launch bound, kStagedThreads) taking tiles
+    #: of about staged_bytes_per_thread bytes of each array a thread
+    staged_threads: int = 128
+    staged_bytes_per_thread: int = 64
 
 
 DEFAULT_GRAD_TUNING = GradTuning()
@@ -165,6 +183,43 @@ def _block_shape(dtype: str, device: DeviceProfile, s: _Shape) -> tuple[int, int
     return None
 
 
+def _staged_lanes(t: GradTuning, p: GradRowProblem) -> int | None:
+    """Lanes a row of the staged rows (t.staged_*), or None where the rows do not take them."""
+    itemsize = V.DTYPES[p.dtype][2]
+    row_bytes = p.cols * itemsize
+    widest = V.vector_widths(p.dtype)[1]
+    if (itemsize not in t.staged_itemsizes or p.rows < 2 or p.row_strides() != (p.cols,) * 3
+            or len({m % widest for m in p.misaligns}) != 1 or row_bytes % 16 == 0
+            or p.cols < t.staged_min_cols.get(itemsize, 1 << 30) or row_bytes > t.staged_max_row_bytes):
+        return None
+    lanes = 1 if row_bytes <= t.staged_thread_max_row_bytes else t.staged_group_lanes
+    return lanes if lanes in V.GRAD_STAGED_LANES else None
+
+
+def _staged(t, p, device, s):
+    lanes = _staged_lanes(t, p)
+    itemsize = V.DTYPES[p.dtype][2]
+    vec = V.vector_widths(p.dtype)[1]
+    groups = t.staged_threads // lanes
+    row_bytes = p.cols * itemsize
+    rows_a_group = max(1, round(t.staged_bytes_per_thread * lanes / row_bytes))
+    fitting = (device.shared_mem_per_block // 2 - 2 * 16) // row_bytes
+    tile_rows = max(1, min(p.rows, groups * rows_a_group, fitting))
+    shared = 2 * ceil((vec - 1 + tile_rows * p.cols) / vec) * vec * itemsize  # dy's tile, then y's
+    interleave = 0
+    if lanes > 1:
+        forward = _planner.RowProblem(p.dtype, p.op, p.rows, p.cols, x_misalign=p.misaligns[0])
+        ways = [_planner.staged_bank_ways(replace(default_tuning(device), staged_threads=t.staged_threads), forward,
+                                          lanes, None, bool(i)) for i in (0, 1)]
+        interleave = int(ways[1] < ways[0])
+    args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.rows), (I64, p.cols), (I64, tile_rows), (I32, interleave),
+            (I32, int(p.safe)))
+    launch = Launch(V.grad_staged_name(p.dtype, p.op, lanes), _work_grid(ceil(p.rows / tile_rows), device),
+                    t.staged_threads, shared, args, cut_to_one_wave=False)
+    return Plan("staged", (launch,), notes={"lanes": lanes, "tile_rows": tile_rows, "vec": vec,
+                                            "interleave": interleave}, scratch_zeroed=False)
+
+
 def _cached_chunks(s: _Shape) -> int:
     return ceil(s.slots / (V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS))
 
@@ -220,6 +275,10 @@ def _split(t, p, device, s):
 
 #: the row rules, in order: the first that applies plans
 ROW_RULES: tuple[Rule, ...] = (
+    Rule("short rows, staged", "contiguous rows of partial 16-byte vectors a few hundred bytes long: the block "
+         "copies a span of rows of dy and y into shared memory with whole vectors, a thread or a few lanes take "
+         "each row there, and the block stores dx's span with whole vectors",
+         lambda t, p, d, s: _staged_lanes(t, p) is not None, _staged),
     Rule("a group of lanes a row", "rows of at most a warp's slots: up to GRAD_LANE_BYTES of a row a lane "
          "(grad_lane_slots), so several rows a warp, each load a whole vector of every lane",
          lambda t, p, d, s: s.slots <= d.warp_size, _in_a_warp),
@@ -313,7 +372,8 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     >>> p.regime, p.launches[0].kernel
     ('a block a row', 'ps_bwd_from_input_rows_f32_softmax_w32_g512_s8_v4')
     """
-    the_plan = plan_backward(problem, device, tuning)
+    # the staged rows hold a tile of y, not a row of x in registers: the register regimes' shapes
+    the_plan = plan_backward(problem, device, replace(tuning, staged_itemsizes=()))
     if not the_plan.launches:
         return the_plan
     notes = the_plan.notes

@@ -520,6 +520,61 @@ template <typename T, int WARP, int GROUP, int SLOTS, int VEC> struct GradRowsBa
   static const int rows = GROUP <= WARP && SLOTS == 1 && VEC == 1 && sizeof(T) == 4 ? batch : 1;
 };
 
+// ---- short rows staged through shared memory: the gradient op of staged_rows (softmax.cuh) --------
+// A staged row of the gradient: dy's row in the first tile, dx written over it, and y's row
+// tile_step elements on (the tiles alike aligned). As the forward's staged_row_in_words, 16-bit rows
+// are a head value, whole words of two values and a tail value, and LANES lanes share a row, each
+// every LANES-th word; two passes (the sum, then the outputs) where the forward takes three.
+template <int OP, typename T, int LANES>
+PS_DEVICE void grad_staged_row_in_words(T* dy_row, const T* y_row, int n, int start, bool safe) {
+  typedef typename compute_of<T>::type C;
+  const int G = sizeof(T) == 2 ? 2 : 1;  // values a word
+  typedef Vec<T, G> Word;
+  int head = G == 2 ? static_cast<int>(reinterpret_cast<unsigned long long>(dy_row) / sizeof(T) % 2) : 0;
+  head = head < n ? head : n;
+  const int words = (n - head) / G;
+  const bool tail = head + G * words < n;
+  Word* dy_words = reinterpret_cast<Word*>(dy_row + head);
+  const Word* y_words = reinterpret_cast<const Word*>(y_row + head);
+  start = start < 0 || words == 0 ? -1 : start % words;
+  const bool leader = LANES == 1 || PS_THREAD_X % LANES == 0;  // takes the edge values
+  GradAccumulator<OP, C> acc;
+  if (leader && head) acc.add(to_compute(dy_row[0]), to_compute(y_row[0]));
+  if (leader && tail) acc.add(to_compute(dy_row[n - 1]), to_compute(y_row[n - 1]));
+  C dv[G], yv[G];
+  for_each_word_from<LANES>(start, words, [&](int k) {
+    widen(read_word(dy_words + k), dv);
+    widen(read_word(y_words + k), yv);
+    acc.template add_all<G, true>(dv, yv);  // a word's terms in C (one of them, or two 16-bit ones)
+  });
+  const typename Backward<OP>::template Finish<C> f(grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop), safe);
+  if (leader && head) dy_row[0] = from_compute<T>(f(to_compute(dy_row[0]), to_compute(y_row[0])));
+  if (leader && tail) dy_row[n - 1] = from_compute<T>(f(to_compute(dy_row[n - 1]), to_compute(y_row[n - 1])));
+  for_each_word_from<LANES>(start, words, [&](int k) {
+    widen(read_word(dy_words + k), dv);
+    widen(read_word(y_words + k), yv);
+    Word w;
+#pragma unroll
+    for (int j = 0; j < G; ++j) w.v[j] = from_compute<T>(f(dv[j], yv[j]));
+    dy_words[k] = w;
+  });
+}
+
+template <typename T_, int OP> struct GradientStaged {
+  typedef T_ T;
+  static constexpr int kTiles = 2;  // dy, into whose place dx is written, and y
+  const T* dy;
+  const T* y;
+  T* dx;
+  template <int VEC> PS_DEVICE RowSlots<T, VEC> span(int a, i64 first, i64 count, i64 cols) const {
+    return a == 0 ? RowSlots<T, VEC>(dy + first * cols, dx + first * cols, count * cols)
+                  : RowSlots<T, VEC>(y + first * cols, nullptr, count * cols);
+  }
+  template <int LANES> PS_DEVICE void row(T* row, i64 tile_step, int n, bool skew, int r, bool safe) const {
+    grad_staged_row_in_words<OP, T, LANES>(row, row + tile_step, n, skew ? r % kSharedBanks : -1, safe);
+  }
+};
+
 // ---- a row split across co-resident blocks, held on chip -----------------------------------------
 // Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
 // GradSum, waits for the row's other chunks and finishes from its registers: one read, one write.
@@ -928,6 +983,20 @@ const int kGradStreamThreads = 256;       // the two-pass split
         ps::GradientSplit<T, OP>{dy, y, dx, dys, ys, dxs, safe != 0}, sums, rows, cols, chunk_slots, chunks); \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_finish_##DT##_##OPN##_w##W##_v##V)
+
+// Contiguous short rows of dy, y and dx alike aligned, staged through shared memory (staged_rows):
+// a thread (L = 1) or a group of L lanes a row, the groups' rows in order or interleaved.
+#define PS_GRAD_STAGED_ENTRY(DT, T, OPN, OP, L, V)                                                       \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kStagedThreads, ps::min_blocks<T>(ps::kStagedMinBlocks))       \
+      ps_bwd_staged_##DT##_##OPN##_l##L##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows, ps::i64 cols, \
+                                               ps::i64 tile_rows, int interleave, int safe) {            \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                                   \
+    ps::staged_rows<ps::GradientStaged<T, OP>, V, L>(ps::GradientStaged<T, OP>{dy, y, dx}, rows, cols,   \
+                                                     tile_rows, safe,                                    \
+                                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache), -1,     \
+                                                     interleave);                                        \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_staged_##DT##_##OPN##_l##L##_v##V)
 
 #define PS_GRAD_STRIDED_ENTRY(DT, T, OPN, OP)                                                            \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_bwd_strided_##DT##_##OPN(                                     \

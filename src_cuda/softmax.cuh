@@ -216,6 +216,7 @@ template <typename T, int VEC> struct RowSlots {
   int pad;     // elements between the aligned slot start and the row start
   i64 slots;   // slots covering [-pad, cols)
 
+  RowSlots() = default;
   PS_DEVICE RowSlots(const T* x_, T* y_, i64 cols_) : x(x_), y(y_), cols(cols_) {
     pad = static_cast<int>((reinterpret_cast<unsigned long long>(x_) / sizeof(T)) % VEC);
     slots = (pad + cols + VEC - 1) / VEC;
@@ -1242,22 +1243,85 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   }
 }
 
+// The forward op of the staged regime: a row of the tile is finished in place, into registers where
+// it is short (float-computed rows of up to 8 elements, 16-bit ones up to 16: one read of shared
+// memory and one exp an element instead of three reads and two), else a word at a time.
+template <typename T_, int OP> struct ForwardStaged {
+  typedef T_ T;
+  typedef typename compute_of<T>::type C;
+  static constexpr int kTiles = 1;  // the input, into which the outputs are written
+  const T* x;
+  T* y;
+  template <int VEC> PS_DEVICE RowSlots<T, VEC> span(int, i64 first, i64 count, i64 cols) const {
+    return RowSlots<T, VEC>(x + first * cols, y + first * cols, count * cols);
+  }
+  // n is the block's, so every lane of a group takes the same branch; the registers' count
+  // nearest above it, as each costs its instructions.
+  template <int LANES> PS_DEVICE void row(T* row, i64, int n, bool skew, int r, bool safe) const {
+    if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
+      staged_row_in_registers<OP, T, 8>(row, n, safe);
+    } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 12) {
+      staged_row_in_registers<OP, T, 12>(row, n, safe);
+    } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 16) {
+      staged_row_in_registers<OP, T, 16>(row, n, safe);
+    } else {
+      staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe);
+    }
+  }
+};
+
+// The spans of a tile's rows into shared memory, Op::kTiles of them tile_slots apart, in place
+// when this returns (for this thread; for the block after a barrier). Out-of-span elements read as
+// -inf and are never stored.
+template <typename T, int VEC, int TILES>
+PS_DEVICE void copy_spans_to_cache(const RowSlots<T, VEC> (&spans)[TILES], Vec<T, VEC>* cache, i64 tile_slots) {
+#pragma unroll
+  for (int a = 0; a < TILES; ++a) {
+    Vec<T, VEC>* tile = cache + a * tile_slots;
+#if PS_ASYNC_COPY
+    if constexpr (kAsyncSlots<T, VEC>) {
+      for (i64 k = PS_THREAD_X; k < spans[a].slots; k += PS_BLOCK_DIM_X) copy_slot_to_cache(spans[a], k, &tile[k]);
+      continue;
+    }
+#endif
+    for_each_slot<4>(spans[a], 0, spans[a].slots, [&](i64 k, const Vec<T, VEC>& raw) { tile[k] = raw; });
+  }
+#if PS_ASYNC_COPY
+  if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
+#endif
+}
+
+// Slots of one tile in shared memory: a span of tile_rows rows, and its partial vectors at both ends.
+PS_DEVICE i64 staged_tile_slots(i64 tile_rows, i64 cols, int vec) { return (tile_rows * cols + 2 * (vec - 1)) / vec; }
+
 // Rows of a few elements (or an odd number of bytes) give lanes short or misaligned loads.
 // When rows are contiguous, tile_rows of them are one contiguous span: the block reads it
 // with aligned vectors into shared memory, a thread (LANES = 1) or a group of LANES lanes takes
-// each row from there (max, then sum of exps) and writes its outputs back, and the block stores
-// the span with vectors.
-template <typename T, int OP, int VEC, int LANES>
-PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, int safe, Vec<T, VEC>* cache,
-                           int row_shift = -1, int interleave = 0) {
-  typedef typename compute_of<T>::type C;
+// each row from there and writes its outputs back, and the block stores the span with vectors.
+// The op policy says what a row is:
+//   Op::kTiles                       the arrays read, each a span of the tile (all alike aligned);
+//                                    the outputs go into the first one's place
+//   Op::span<VEC>(a, first, count, cols)  array a's span of rows [first, first + count), the first
+//                                    one's with the output array
+//   Op::row<LANES>(row, tile_step, n, skew, r, safe)  row r of the first tile finished in place
+//                                    (row + tile_step: the same row of the next tile); with skew, its
+//                                    thread starts at word r % kSharedBanks (for_each_word_from)
+template <typename Op, int VEC, int LANES>
+PS_DEVICE void staged_rows(const Op& op, i64 rows, i64 cols, i64 tile_rows, int safe,
+                           Vec<typename Op::T, VEC>* cache, int row_shift = -1, int interleave = 0) {
+  typedef typename Op::T T;
   // Groups sharing a warp (below) may take rows of 2^row_shift whole slots (row_shift >= 0, the span
   // aligned) with a slot of padding after each row in the tile: rows a whole number of 128-byte
   // lines long would otherwise start every group of a warp on the same banks.
   const bool padded = kGroupsShareWarp<LANES> && row_shift >= 0;
+  static_assert(Op::kTiles == 1 || LANES == 1 || kGroupsShareWarp<LANES>, "tiles of several arrays: no padding");
+  const i64 tile_slots = Op::kTiles > 1 ? staged_tile_slots(tile_rows, cols, VEC) : 0;
   for (i64 first = (i64)PS_BLOCK_X * tile_rows; first < rows; first += (i64)PS_GRID_DIM_X * tile_rows) {
     const i64 count = rows - first < tile_rows ? rows - first : tile_rows;
-    const RowSlots<T, VEC> span(x + first * cols, y + first * cols, count * cols);
+    RowSlots<T, VEC> spans[Op::kTiles];
+#pragma unroll
+    for (int a = 0; a < Op::kTiles; ++a) spans[a] = op.template span<VEC>(a, first, count, cols);
+    const RowSlots<T, VEC>& span = spans[0];
     if (padded) {
       for (i64 k = PS_THREAD_X; k < span.slots; k += PS_BLOCK_DIM_X) {
         copy_slot_to_cache(span, k, &cache[k + (k >> row_shift)]);
@@ -1266,10 +1330,11 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       if constexpr (kAsyncSlots<T, VEC>) async_copy_wait_all();
 #endif
     } else {
-      copy_slots_to_cache(span, 0, span.slots, cache);
+      copy_spans_to_cache(spans, cache, tile_slots);
     }
     PS_SYNC();
     T* tile = reinterpret_cast<T*>(cache) + span.pad;  // element i of the span at tile[i]
+    const i64 tile_step = tile_slots * VEC;               // the next array's tile, from the first's
     // A tile lies in one block's shared memory: 32-bit indices.
     const int n = static_cast<int>(cols);
     // Rows an even number of words long start each thread at a different word (for_each_word_from).
@@ -1289,24 +1354,12 @@ PS_DEVICE void staged_rows(const T* x, T* y, i64 rows, i64 cols, i64 tile_rows, 
       for (int first_row = 0; first_row < count; first_row += groups) {
         const int r = first_row + mine;
         const bool live = r < count;
-        staged_row_in_words<OP, T, LANES>(tile + (live ? r : 0) * stride, live ? n : 0, -1, safe != 0);
+        op.template row<LANES>(tile + (live ? r : 0) * stride, tile_step, live ? n : 0, false, r, safe != 0);
       }
     } else {
       // r is the same in every lane of a group: the group's shuffles see all of its lanes.
       for (int r = PS_THREAD_X / LANES; r < count; r += PS_BLOCK_DIM_X / LANES) {
-        T* row = tile + r * n;
-        // float-computed rows of up to 8 elements (16-bit ones: up to 16) are taken into registers
-        // once: one read of shared memory and one exp an element instead of three reads and two.
-        // n is the block's; the registers' count nearest above it, as each costs its instructions.
-        if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
-          staged_row_in_registers<OP, T, 8>(row, n, safe != 0);
-        } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 12) {
-          staged_row_in_registers<OP, T, 12>(row, n, safe != 0);
-        } else if (LANES == 1 && sizeof(C) == 4 && sizeof(T) == 2 && n <= 16) {
-          staged_row_in_registers<OP, T, 16>(row, n, safe != 0);
-        } else {
-          staged_row_in_words<OP, T, LANES>(row, n, skew ? r % kSharedBanks : -1, safe != 0);
-        }
+        op.template row<LANES>(tile + r * n, tile_step, n, skew, r, safe != 0);
       }
     }
     PS_SYNC();
@@ -2514,7 +2567,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   ps_staged_##DT##_##OPN##_v##V(                                                                     \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V, 1>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::staged_rows<ps::ForwardStaged<T, OP>, V, 1>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+                                                    reinterpret_cast<ps::Vec<T, V>*>(ps_cache));              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)
 
@@ -2524,7 +2578,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   ps_staged_warp_##DT##_##OPN##_w##W##_v##V(                                                         \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V, W>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::staged_rows<ps::ForwardStaged<T, OP>, V, W>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+                                                    reinterpret_cast<ps::Vec<T, V>*>(ps_cache));              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
 
@@ -2536,8 +2591,9 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int row_shift, int interleave,  \
       int safe) {                                                                                    \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<T, OP, V, L>(x, y, rows, cols, tile_rows, safe, reinterpret_cast<ps::Vec<T, V>*>(ps_cache), \
-                                 row_shift, interleave);                                             \
+    ps::staged_rows<ps::ForwardStaged<T, OP>, V, L>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+                                                    reinterpret_cast<ps::Vec<T, V>*>(ps_cache), row_shift,    \
+                                                    interleave);                                              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_lanes_##DT##_##OPN##_l##L##_v##V)
 

@@ -71,6 +71,12 @@ ROW_SHAPES = [(40, 1), (40, 3), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 60
               (2, 100000)]
 
 
+def row_regimes(dtype: str) -> set[str]:
+    """The tiers ROW_SHAPES take: rows of 130 columns go staged where their elements' are built."""
+    staged = {"staged"} if V.DTYPES[dtype][2] in V.GRAD_STAGED_ITEMSIZES else set()
+    return {"warp", "block", "cached", "split"} | staged
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
 def test_every_row_regime_matches_the_reference(runtime, rng, dtype, op):
@@ -82,7 +88,7 @@ def test_every_row_regime_matches_the_reference(runtime, rng, dtype, op):
         tiers.add(the_plan.tier)
         got = runtime.run_backward(dy, y, the_plan)
         assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}")
-    assert tiers == {"warp", "block", "cached", "split"}
+    assert tiers == row_regimes(dtype)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7])
@@ -117,7 +123,7 @@ def test_every_row_regime_writes_over_dy_or_y(runtime, rng, dtype, into):
             tiers.add(the_plan.tier)
             got = runtime.run_backward(dy, y, the_plan, into=into)
             assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} over {into} {the_plan.launches[0].kernel}")
-    assert tiers == {"warp", "block", "cached", "split"}
+    assert tiers == row_regimes(dtype)
 
 
 @pytest.fixture(scope="module")
@@ -221,17 +227,63 @@ def test_16_bit_rows_take_the_elements_of_their_partial_slots_one_a_lane(runtime
                                 f"{cols} columns at offset {offset} {kernel}")
 
 
+#: contiguous rows of partial 16-byte vectors that the staged gradient takes: a thread a row, and
+#: (past GradTuning.staged_thread_max_row_bytes) a group of lanes a row
+STAGED_SHAPES = [(400, 3), (300, 5), (130, 7), (41, 77), (37, 130), (9, 197), (5, 250), (3, 287)]
+
+
+@pytest.mark.parametrize("offset", [0, 1, 5])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_short_rows_staged_through_shared_memory(runtime, rng, dtype, offset):
+    """Every staged gradient kernel (a thread a row, each group of lanes) on rows starting at an offset
+    in a vector, over several tiles in a grid of fewer blocks than tiles (a block takes tiles in turn),
+    with out= dy and out= y; a NaN of dy or y makes its row NaN, and a safe log_softmax's row of all
+    -inf (a softmax's row of zeros) gets 0."""
+    itemsize = V.DTYPES[dtype][2]
+    if itemsize not in V.GRAD_STAGED_ITEMSIZES:
+        pytest.skip(f"no staged gradient kernels are built for {itemsize}-byte elements")
+    for lanes in V.GRAD_STAGED_LANES:
+        tuning = GradTuning(staged_group_lanes=lanes, staged_thread_max_row_bytes=1 << 20 if lanes == 1 else 0,
+                            staged_bytes_per_thread=32)
+        for rows, cols in STAGED_SHAPES:
+            if (cols * itemsize % 16 == 0 or cols * itemsize > tuning.staged_max_row_bytes
+                    or cols < tuning.staged_min_cols[itemsize]):
+                continue
+            for op in ("softmax", "log_softmax"):
+                y = forward_output(rng, (rows, cols), 1, op, dtype)
+                dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+                dy[0, cols // 2] = np.nan
+                y[rows - 1, cols - 1] = np.nan
+                y[rows // 2] = -np.inf if op == "log_softmax" else 0.0
+                problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3, safe=True)
+                the_plan = plan_backward(problem, runtime.profile(0), tuning)
+                assert the_plan.tier == "staged" and the_plan.notes["lanes"] == lanes, the_plan
+                tiles = -(-rows // the_plan.notes["tile_rows"])
+                for interleave in (0, 1) if lanes > 1 else (0,):  # the groups' rows in order, or interleaved
+                    args = tuple((planner.I32, interleave) if i == 6 else a
+                                 for i, a in enumerate(the_plan.launches[0].args))
+                    launch = replace(the_plan.launches[0], grid=max(1, tiles // 2), args=args)
+                    what = f"{rows}x{cols} +{offset} {launch.kernel} interleave {interleave}, {tiles} tiles"
+                    for into in (None, "dy", "y"):
+                        got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into)
+                        assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
+                        assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+
+
 @pytest.mark.parametrize("offsets", [(0, 0, 0), (1, 1, 1), (3, 3, 3)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16_bit_rows_of_an_unaligned_stride_take_narrow_vectors(runtime, rng, dtype, offsets):
     """Rows whose stride is 4 or 8 bytes past 16 take 4- or 2-element vectors, every row starting
-    at the same offset in them (a partial head where the base is misaligned), in groups and warps."""
+    at the same offset in them (a partial head where the base is misaligned), in groups and warps
+    (contiguous rows here, planned without the staged rows that would take them)."""
     widths = set()
+    unstaged = GradTuning(staged_itemsizes=())
     for rows, cols in [(9, 36), (9, 100), (9, 90), (5, 196), (5, 250), (3, 300)]:
         for op in ("softmax", "log_softmax"):
             y = forward_output(rng, (rows, cols), 1, op, dtype)
             dy = rng.standard_normal((rows, cols)).astype(y.dtype)
-            the_plan = plan_backward(GradRowProblem(dtype, op, rows, cols, misaligns=offsets), runtime.profile(0))
+            problem = GradRowProblem(dtype, op, rows, cols, misaligns=offsets)
+            the_plan = plan_backward(problem, runtime.profile(0), unstaged)
             widths.add(the_plan.notes["vec"])
             got = runtime.run_backward(dy, y, the_plan, offsets)
             assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} {offsets} {the_plan.launches[0].kernel}")
@@ -419,7 +471,8 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
     for rows, cols in [*FROM_INPUT_SHAPES, (1, 20000), (2, 100000)]:
         problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
         the_plan = plan_backward_from_input(problem, runtime.profile(0))
-        tier = plan_backward(problem, runtime.profile(0)).tier
+        # the register regimes' tier (the staged rows, which hold no row of x, aside)
+        tier = plan_backward(problem, runtime.profile(0), GradTuning(staged_itemsizes=())).tier
         assert (the_plan is not None) == from_input_is_built(problem, tier), (problem, tier)
         if the_plan is None:
             continue
@@ -553,7 +606,7 @@ def _witness_problems(dtype: str):
                 for misaligns in ((0, 0, 0), (1, 1, 1), (0, 1, 0)):
                     yield GradRowProblem(dtype, op, rows, cols, misaligns=tuple(m % widest for m in misaligns))
         yield GradRowProblem(dtype, op, 1024, 24576)  # rows that the largest blocks a row hold, whole
-        for cols in (32, 60, 100, 128, 250, 256):  # rows padded to a stride 4 or 8 bytes past 16
+        for cols in (32, 50, 60, 100, 128, 250, 256):  # rows padded to a stride 4 or 8 bytes past 16
             for pad in (2, 4):
                 yield GradRowProblem(dtype, op, 4096, cols, strides=(cols + pad,) * 3)
         yield GradStridedProblem(dtype, op, 4, 100, 30, (3000, 30, 1), (3000, 30, 1), (3000, 30, 1))
@@ -630,8 +683,9 @@ def test_every_rule_says_why_and_the_last_takes_every_problem():
 
 GOLDEN = [  # shape -> regime on an H100: one or two a rule
     ("float32", (2097152, 32), "a warp a row", "g8_s1"),
-    ("bfloat16", (1000000, 90), "a warp a row", "g16_s4_v2"),  # 4-byte slots: four a lane
-    ("float32", (6000000, 10), "a warp a row", "g4_s4_v1"),
+    ("bfloat16", (1000000, 90), "short rows", "staged_bf16_softmax_l1_v8"),  # a thread a row
+    ("bfloat16", (1000000, 197), "short rows", "staged_bf16_softmax_l4_v8"),  # 4 lanes a row
+    ("float32", (6000000, 10), "short rows", "staged_f32_softmax_l1_v4"),
     ("float32", (65536, 1024), "a warp a row", "g32_s8"),
     ("bfloat16", (65536, 1024), "a block a row", "g64_s2_v8"),  # whole 16-byte slots: 2 a thread
     ("bfloat16", (65536, 1001), "a warp a row", "g32_s4_v8"),  # partial slots: 4 a lane
