@@ -624,6 +624,19 @@ def grad_staged_name(dtype: str, op: str, lanes: int) -> str:
     return f"ps_bwd_staged_{DTYPES[dtype][0]}_{op}_l{lanes}_v{vector_widths(dtype)[1]}"
 
 
+#: the gradient's packed rows (the forward's packed_rows with the gradient's op): contiguous rows of
+#: these columns, by element size, whole rows inside a thread's 16-byte vectors
+GRAD_PACKED_COLS = {2: (2, 3, 4)}
+
+
+def grad_packed_cols(dtype: str) -> tuple[int, ...]:
+    return GRAD_PACKED_COLS.get(DTYPES[dtype][2], ())
+
+
+def grad_packed_name(dtype: str, op: str, cols: int) -> str:
+    return f"ps_bwd_packed_{DTYPES[dtype][0]}_{op}_c{cols}_v{vector_widths(dtype)[1]}"
+
+
 def grad_warp_free_entries(dtype: str) -> list[Entry]:
     tag, ctype, _ = DTYPES[dtype]
     out = []
@@ -631,6 +644,8 @@ def grad_warp_free_entries(dtype: str) -> list[Entry]:
         if DTYPES[dtype][2] in GRAD_STAGED_ITEMSIZES:
             out += [Entry(grad_staged_name(dtype, op, lanes), "PS_GRAD_STAGED_ENTRY",
                           (tag, ctype, op, enum, lanes, vector_widths(dtype)[1])) for lanes in GRAD_STAGED_LANES]
+        out += [Entry(grad_packed_name(dtype, op, cols), "PS_GRAD_PACKED_ENTRY",
+                      (tag, ctype, op, enum, cols, vector_widths(dtype)[1])) for cols in grad_packed_cols(dtype)]
         out.append(Entry(grad_strided_name(dtype, op), "PS_GRAD_STRIDED_ENTRY", (tag, ctype, op, enum)))
         out += [Entry(grad_strided_cached_name(dtype, op, vec), "PS_GRAD_STRIDED_CACHED_ENTRY",
                       (tag, ctype, op, enum, vec)) for vec in strided_vector_widths(dtype)

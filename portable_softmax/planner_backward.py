@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from math import ceil
+from math import ceil, lcm
 from typing import Any
 
 from . import _variants as V
@@ -119,6 +119,9 @@ class GradTuning:
     #: shared banks (planner.staged_bank_ways)
     staged_thread_max_row_bytes: int = 180
     staged_group_lanes: int = 4
+    #: the packed rows' blocks (the kernels' launch bound, kPackedThreads; fewer threads where a tile of
+    #: dy and one of y would not fit a block's shared memory)
+    packed_threads: int = 256
     #: ... a block of staged_threads threads (the kernels' launch bound, kStagedThreads) taking tiles
     #: of about staged_bytes_per_thread bytes of each array a thread
     staged_threads: int = 128
@@ -194,6 +197,38 @@ def _staged_lanes(t: GradTuning, p: GradRowProblem) -> int | None:
         return None
     lanes = 1 if row_bytes <= t.staged_thread_max_row_bytes else t.staged_group_lanes
     return lanes if lanes in V.GRAD_STAGED_LANES else None
+
+
+def _packed_shape(t: GradTuning, p: GradRowProblem, device: DeviceProfile) -> tuple[int, int, int] | None:
+    """(threads, values a thread's group, groups a thread) of the packed rows, or None where they do
+    not take these rows: contiguous rows of V.grad_packed_cols columns, dy, y and dx alike aligned,
+    every lcm(cols, vec) values of the span starting a row, a tile of each in a block's shared memory
+    (blocks of t.packed_threads, fewer where they would not fit)."""
+    vec = V.vector_widths(p.dtype)[1]
+    if (p.cols not in V.grad_packed_cols(p.dtype) or p.rows < 2 or p.row_strides() != (p.cols,) * 3
+            or len({m % vec for m in p.misaligns}) != 1 or p.misaligns[0] % vec % p.cols != 0):
+        return None
+    per_thread = lcm(p.cols, vec)  # whole vectors and whole rows
+    group = per_thread // vec
+    depth = 1 if group >= 4 else 4 // group  # packed_rows' DEPTH: four vectors in flight a thread
+    threads = min(t.packed_threads, device.max_threads_per_block)
+    while threads > device.warp_size and 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2] > \
+            device.shared_mem_per_block:
+        threads //= 2
+    fits = 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2] <= device.shared_mem_per_block
+    return (threads, per_thread, depth) if fits else None
+
+
+def _packed(t, p, device, s):
+    vec = V.vector_widths(p.dtype)[1]
+    threads, per_thread, depth = _packed_shape(t, p, device)
+    shared = 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2]  # a tile of dy, then one of y
+    groups = ceil((p.misaligns[0] % vec + p.rows * p.cols) / per_thread)
+    launch = Launch(V.grad_packed_name(p.dtype, p.op, p.cols), _work_grid(ceil(groups / (threads * depth)), device),
+                    threads, shared, ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.rows), (I32, int(p.safe))),
+                    cut_to_one_wave=False)
+    return Plan("packed", (launch,), notes={"vec": vec, "values_per_thread": per_thread * depth},
+                scratch_zeroed=False)
 
 
 def _staged(t, p, device, s):
@@ -275,6 +310,9 @@ def _split(t, p, device, s):
 
 #: the row rules, in order: the first that applies plans
 ROW_RULES: tuple[Rule, ...] = (
+    Rule("short rows, packed", "contiguous rows of 2-4 16-bit columns: whole rows inside each thread's vectors, "
+         "a tile of dy and one of y through shared memory, no lanes to combine",
+         lambda t, p, d, s: _packed_shape(t, p, d) is not None, _packed),
     Rule("short rows, staged", "contiguous rows of partial 16-byte vectors a few hundred bytes long: the block "
          "copies a span of rows of dy and y into shared memory with whole vectors, a thread or a few lanes take "
          "each row there, and the block stores dx's span with whole vectors",

@@ -561,8 +561,10 @@ PS_DEVICE void grad_staged_row_in_words(T* dy_row, const T* y_row, int n, int st
   });
 }
 
-template <typename T_, int OP> struct GradientStaged {
+// The gradient op of the short rows (softmax.cuh staged_rows and packed_groups).
+template <typename T_, int OP> struct GradientShortRows {
   typedef T_ T;
+  typedef typename compute_of<T>::type C;
   static constexpr int kTiles = 2;  // dy, into whose place dx is written, and y
   const T* dy;
   const T* y;
@@ -570,6 +572,15 @@ template <typename T_, int OP> struct GradientStaged {
   template <int VEC> PS_DEVICE RowSlots<T, VEC> span(int a, i64 first, i64 count, i64 cols) const {
     return a == 0 ? RowSlots<T, VEC>(dy + first * cols, dx + first * cols, count * cols)
                   : RowSlots<T, VEC>(y + first * cols, nullptr, count * cols);
+  }
+  // A row of N values of dy (dx written over them) and of y, in registers (packed_groups): a 16-bit
+  // row's few terms chain in float, as a slot's do.
+  template <int N> PS_DEVICE void row_in_registers(C* dy_values, const C* y_values, bool safe) const {
+    GradAccumulator<OP, C> acc;
+    acc.template add_all<N, sizeof(T) == 2>(dy_values, y_values);
+    const typename Backward<OP>::template Finish<C> f(acc.total, safe);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dy_values[j] = f(dy_values[j], y_values[j]);
   }
   template <int LANES> PS_DEVICE void row(T* row, i64 tile_step, int n, bool skew, int r, bool safe) const {
     grad_staged_row_in_words<OP, T, LANES>(row, row + tile_step, n, skew ? r % kSharedBanks : -1, safe);
@@ -992,12 +1003,23 @@ const int kGradStreamThreads = 256;       // the two-pass split
       ps_bwd_staged_##DT##_##OPN##_l##L##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows, ps::i64 cols, \
                                                ps::i64 tile_rows, int interleave, int safe) {            \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                                   \
-    ps::staged_rows<ps::GradientStaged<T, OP>, V, L>(ps::GradientStaged<T, OP>{dy, y, dx}, rows, cols,   \
+    ps::staged_rows<ps::GradientShortRows<T, OP>, V, L>(ps::GradientShortRows<T, OP>{dy, y, dx}, rows, cols,   \
                                                      tile_rows, safe,                                    \
                                                      reinterpret_cast<ps::Vec<T, V>*>(ps_cache), -1,     \
                                                      interleave);                                        \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_staged_##DT##_##OPN##_l##L##_v##V)
+
+// Contiguous rows of C columns, whole rows inside a thread's 16-byte vectors (packed_rows), dy, y and
+// dx alike aligned.
+#define PS_GRAD_PACKED_ENTRY(DT, T, OPN, OP, C, V)                                                       \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kPackedThreads, (ps::packed_min_blocks<C, V>()))               \
+      ps_bwd_packed_##DT##_##OPN##_c##C##_v##V(const T* dy, const T* y, T* dx, ps::i64 rows, int safe) {   \
+    PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                                   \
+    ps::packed_rows<ps::GradientShortRows<T, OP>, C, V>(ps::GradientShortRows<T, OP>{dy, y, dx}, rows, safe, 1, \
+                                                        reinterpret_cast<ps::Vec<T, V>*>(ps_cache));      \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_packed_##DT##_##OPN##_c##C##_v##V)
 
 #define PS_GRAD_STRIDED_ENTRY(DT, T, OPN, OP)                                                            \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(1024) ps_bwd_strided_##DT##_##OPN(                                     \

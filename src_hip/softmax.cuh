@@ -930,13 +930,21 @@ template <int GROUP> PS_DEVICE int packed_swizzle(int place) {
   return place ^ packed_flip<GROUP>(static_cast<unsigned>(place) / GROUP);
 }
 
-template <typename T, int OP, int COLS, int VEC, int GROUP, int DEPTH>
-PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe, Vec<T, VEC>* tile, int stages) {
+// The op policy (Op, as staged_rows takes it) says what a row is: Op::kTiles arrays alike aligned,
+// each a span (Op::span) copied into a tile of its own, and a row finished in registers
+// (Op::row_in_registers<COLS>(v, w, safe): the values of the first array's row, into which its outputs
+// go, and those of the last's).
+template <typename Op, int COLS, int VEC, int GROUP, int DEPTH>
+PS_DEVICE void packed_groups(const Op& op, const RowSlots<typename Op::T, VEC> (&spans)[Op::kTiles], i64 groups,
+                             int safe, Vec<typename Op::T, VEC>* tile, int stages) {
+  typedef typename Op::T T;
   typedef typename compute_of<T>::type C;
+  constexpr int kTiles = Op::kTiles;
+  const RowSlots<T, VEC>& span = spans[0];
   const int threads = PS_BLOCK_DIM_X;
   const i64 step = (i64)PS_GRID_DIM_X * threads;
   const i64 round = DEPTH * step;      // groups of the grid's round
-  const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile
+  const int tile_slots = DEPTH * threads * GROUP;  // slots of one round's tile of one array
   // Where the slots of the round's u-th block of groups are all whole vectors (every round but
   // the span's first and last), its loops take no test a slot and address it from one pointer:
   // RowSlots' 64-bit tests and addresses would be about half the instructions of a 16-byte slot's
@@ -948,26 +956,32 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   // nvcc kept every slot's address in registers (16-bit 7 columns 72 -> 98 a thread, 32: 40 -> 50).
   auto copy_round = [&](i64 base, Vec<T, VEC>* at) {
 #pragma unroll
-    for (int u = 0; u < DEPTH; ++u) {
-      const i64 first = (base + u * step) * GROUP;
-      Vec<T, VEC>* to = &at[(u * threads) * GROUP];
+    for (int a = 0; a < kTiles; ++a) {
+      const RowSlots<T, VEC>& from_span = spans[a];
+#pragma unroll
+      for (int u = 0; u < DEPTH; ++u) {
+        const i64 first = (base + u * step) * GROUP;
+        Vec<T, VEC>* to = &at[a * tile_slots + (u * threads) * GROUP];
 #if PS_ASYNC_COPY
-      if constexpr (kAsyncSlots<T, VEC>) {
-        if (all_whole(first)) {
-          const T* from = span.x + (first * VEC - span.pad);
+        if constexpr (kAsyncSlots<T, VEC>) {
+          if (all_whole(first)) {
+            const T* from = from_span.x + (first * VEC - from_span.pad);
 #pragma unroll 1
-          for (int s = 0; s < GROUP; ++s) {
-            const int place = s * threads + PS_THREAD_X;
-            async_copy<sizeof(Vec<T, VEC>)>(&to[packed_swizzle<GROUP>(place)], from + place * VEC);
+            for (int s = 0; s < GROUP; ++s) {
+              const int place = s * threads + PS_THREAD_X;
+              async_copy<sizeof(Vec<T, VEC>)>(&to[packed_swizzle<GROUP>(place)], from + place * VEC);
+            }
+            continue;
           }
-          continue;
         }
-      }
 #endif
 #pragma unroll 1
-      for (int s = 0; s < GROUP; ++s) {
-        const int place = s * threads + PS_THREAD_X;
-        if (first + place < span.slots) copy_slot_to_cache(span, first + place, &to[packed_swizzle<GROUP>(place)]);
+        for (int s = 0; s < GROUP; ++s) {
+          const int place = s * threads + PS_THREAD_X;
+          if (first + place < from_span.slots) {
+            copy_slot_to_cache(from_span, first + place, &to[packed_swizzle<GROUP>(place)]);
+          }
+        }
       }
     }
   };
@@ -979,6 +993,7 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
       const int flip = packed_flip<GROUP>(PS_THREAD_X);  // slot s of the group lies at group[s ^ flip]
       const i64 first = (base + u * step + PS_THREAD_X) * GROUP;
       if constexpr (GROUP * VEC > kPackedWidenedMost) {
+        static_assert(kTiles == 1, "groups widened a row at a time: one array");
         // A row at a time: the slots a row reaches into are read as stored just before it, and
         // those it finishes written back just after, so that few are held at once.
         Vec<T, VEC> raw[GROUP];
@@ -991,29 +1006,34 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
           C v[COLS];
 #pragma unroll
           for (int j = 0; j < COLS; ++j) v[j] = to_compute(raw[(r * COLS + j) / VEC].v[(r * COLS + j) % VEC]);
-          softmax_in_registers<OP, T, 1, COLS>(v, safe != 0);
+          op.template row_in_registers<COLS>(v, v, safe != 0);
 #pragma unroll
           for (int j = 0; j < COLS; ++j) raw[(r * COLS + j) / VEC].v[(r * COLS + j) % VEC] = from_compute<T>(v[j]);
 #pragma unroll
           for (int s = r * COLS / VEC; s < (r + 1) * COLS / VEC; ++s) group[s ^ flip] = raw[s];
         }
       } else {
-        C v[GROUP * VEC];
+        C v[kTiles][GROUP * VEC];
 #pragma unroll
-        for (int s = 0; s < GROUP; ++s) {
-          if (first + s < span.slots) {
-            widen(group[s ^ flip], v + s * VEC);
-          } else {
+        for (int a = 0; a < kTiles; ++a) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) v[s * VEC + j] = ps_neg_inf<C>();
+          for (int s = 0; s < GROUP; ++s) {
+            if (first + s < span.slots) {
+              widen(group[a * tile_slots + (s ^ flip)], v[a] + s * VEC);
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) v[a][s * VEC + j] = ps_neg_inf<C>();
+            }
           }
         }
 #pragma unroll
-        for (int r = 0; r < GROUP * VEC / COLS; ++r) softmax_in_registers<OP, T, 1, COLS>(v + r * COLS, safe != 0);
+        for (int r = 0; r < GROUP * VEC / COLS; ++r) {
+          op.template row_in_registers<COLS>(v[0] + r * COLS, v[kTiles - 1] + r * COLS, safe != 0);
+        }
 #pragma unroll
         for (int s = 0; s < GROUP; ++s) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) group[s ^ flip].v[j] = from_compute<T>(v[s * VEC + j]);
+          for (int j = 0; j < VEC; ++j) group[s ^ flip].v[j] = from_compute<T>(v[0][s * VEC + j]);
         }
       }
     }
@@ -1041,6 +1061,7 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   };
 #if PS_ASYNC_COPY
   if constexpr (kPackedTwoTiles<T, VEC, GROUP * VEC>) {
+    static_assert(kTiles == 1, "two stages of one array's tiles");
     // With two tiles (stages = 2) the next round's copies are in flight while the block computes
     // and stores this one; with one, they are issued after its stores.
     const bool ahead = stages > 1;
@@ -1074,13 +1095,20 @@ PS_DEVICE void packed_groups(const RowSlots<T, VEC>& span, i64 groups, int safe,
   }
 }
 
-template <typename T, int OP, int COLS, int VEC>
-PS_DEVICE void packed_rows(const T* x, T* y, i64 rows, int safe, int stages, Vec<T, VEC>* tile) {
+template <typename Op, int COLS, int VEC>
+PS_DEVICE void packed_rows(const Op& op, i64 rows, int safe, int stages, Vec<typename Op::T, VEC>* tile) {
   const int N = COLS / Gcd<COLS, VEC>::value * VEC;  // values of a group: lcm(COLS, VEC)
   const int GROUP = N / VEC;
   const int DEPTH = GROUP >= 4 ? 1 : 4 / GROUP;  // at least four vectors in flight a thread
-  const RowSlots<T, VEC> span(x, y, rows * COLS);
-  packed_groups<T, OP, COLS, VEC, GROUP, DEPTH>(span, (span.slots + GROUP - 1) / GROUP, safe, tile, stages);
+  if constexpr (Op::kTiles == 1) {
+    const RowSlots<typename Op::T, VEC> spans[1] = {op.template span<VEC>(0, 0, rows, COLS)};
+    packed_groups<Op, COLS, VEC, GROUP, DEPTH>(op, spans, (spans[0].slots + GROUP - 1) / GROUP, safe, tile, stages);
+  } else {
+    static_assert(Op::kTiles == 2, "one array or two");
+    const RowSlots<typename Op::T, VEC> spans[2] = {op.template span<VEC>(0, 0, rows, COLS),
+                                                    op.template span<VEC>(1, 0, rows, COLS)};
+    packed_groups<Op, COLS, VEC, GROUP, DEPTH>(op, spans, (spans[0].slots + GROUP - 1) / GROUP, safe, tile, stages);
+  }
 }
 
 // ---- short rows, staged: contiguous rows through shared memory ----------------------------
@@ -1247,7 +1275,7 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
 // The forward op of the staged regime: a row of the tile is finished in place, into registers where
 // it is short (float-computed rows of up to 8 elements, 16-bit ones up to 16: one read of shared
 // memory and one exp an element instead of three reads and two), else a word at a time.
-template <typename T_, int OP> struct ForwardStaged {
+template <typename T_, int OP> struct ForwardShortRows {
   typedef T_ T;
   typedef typename compute_of<T>::type C;
   static constexpr int kTiles = 1;  // the input, into which the outputs are written
@@ -1258,6 +1286,9 @@ template <typename T_, int OP> struct ForwardStaged {
   }
   // n is the block's, so every lane of a group takes the same branch; the registers' count
   // nearest above it, as each costs its instructions.
+  template <int N> PS_DEVICE void row_in_registers(C* v, const C*, bool safe) const {
+    softmax_in_registers<OP, T, 1, N>(v, safe);
+  }
   template <int LANES> PS_DEVICE void row(T* row, i64, int n, bool skew, int r, bool safe) const {
     if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
       staged_row_in_registers<OP, T, 8>(row, n, safe);
@@ -2568,7 +2599,7 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   ps_staged_##DT##_##OPN##_v##V(                                                                     \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<ps::ForwardStaged<T, OP>, V, 1>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+    ps::staged_rows<ps::ForwardShortRows<T, OP>, V, 1>(ps::ForwardShortRows<T, OP>{x, y}, rows, cols, tile_rows, safe, \
                                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache));              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_##DT##_##OPN##_v##V)
@@ -2579,7 +2610,7 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   ps_staged_warp_##DT##_##OPN##_w##W##_v##V(                                                         \
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int safe) {                   \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<ps::ForwardStaged<T, OP>, V, W>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+    ps::staged_rows<ps::ForwardShortRows<T, OP>, V, W>(ps::ForwardShortRows<T, OP>{x, y}, rows, cols, tile_rows, safe, \
                                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache));              \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_staged_warp_##DT##_##OPN##_w##W##_v##V)
@@ -2592,7 +2623,7 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
       const T* x, T* y, ps::i64 rows, ps::i64 cols, ps::i64 tile_rows, int row_shift, int interleave,  \
       int safe) {                                                                                    \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::staged_rows<ps::ForwardStaged<T, OP>, V, L>(ps::ForwardStaged<T, OP>{x, y}, rows, cols, tile_rows, safe, \
+    ps::staged_rows<ps::ForwardShortRows<T, OP>, V, L>(ps::ForwardShortRows<T, OP>{x, y}, rows, cols, tile_rows, safe, \
                                                     reinterpret_cast<ps::Vec<T, V>*>(ps_cache), row_shift,    \
                                                     interleave);                                              \
   }                                                                                                  \
@@ -2603,7 +2634,8 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
   ps_packed_##DT##_##OPN##_c##C##_v##V(                                                            \
       const T* x, T* y, ps::i64 rows, int safe, int stages) {                                        \
     PS_DYNAMIC_SHARED_BYTES(ps_cache);                                                               \
-    ps::packed_rows<T, OP, C, V>(x, y, rows, safe, stages, reinterpret_cast<ps::Vec<T, V>*>(ps_cache)); \
+    ps::packed_rows<ps::ForwardShortRows<T, OP>, C, V>(ps::ForwardShortRows<T, OP>{x, y}, rows, safe, stages,     \
+                                                       reinterpret_cast<ps::Vec<T, V>*>(ps_cache));          \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_packed_##DT##_##OPN##_c##C##_v##V)
 

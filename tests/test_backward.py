@@ -72,9 +72,11 @@ ROW_SHAPES = [(40, 1), (40, 3), (33, 32), (9, 130), (5, 1000), (7, 3000), (3, 60
 
 
 def row_regimes(dtype: str) -> set[str]:
-    """The tiers ROW_SHAPES take: rows of 130 columns go staged where their elements' are built."""
+    """The tiers ROW_SHAPES take: rows of 130 columns go staged, and 16-bit rows of 3 packed, where
+    their kernels are built."""
     staged = {"staged"} if V.DTYPES[dtype][2] in V.GRAD_STAGED_ITEMSIZES else set()
-    return {"warp", "block", "cached", "split"} | staged
+    packed = {"packed"} if 3 in V.grad_packed_cols(dtype) else set()  # rows of 3 columns
+    return {"warp", "block", "cached", "split"} | staged | packed
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -268,6 +270,36 @@ def test_short_rows_staged_through_shared_memory(runtime, rng, dtype, offset):
                         got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into)
                         assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
                         assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rows_of_a_few_columns_packed_in_threads(runtime, rng, dtype):
+    """Every packed gradient kernel (whole rows inside a thread's vectors) on rows starting at each
+    offset that keeps a vector's rows whole, over a grid of fewer blocks than the groups need (a block
+    takes rounds), with out= dy and out= y; a NaN of dy or y makes its row NaN, and a safe log_softmax's
+    row of all -inf (a softmax's row of zeros) gets 0."""
+    vec = V.vector_widths(dtype)[1]
+    for cols in V.grad_packed_cols(dtype):
+        for offset in range(0, vec, cols):
+            for rows in (7, 20001):
+                for op in ("softmax", "log_softmax"):
+                    y = forward_output(rng, (rows, cols), 1, op, dtype)
+                    dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+                    dy[0, cols // 2] = np.nan
+                    y[rows - 1, cols - 1] = np.nan
+                    y[rows // 2] = -np.inf if op == "log_softmax" else 0.0
+                    problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3, safe=True)
+                    the_plan = plan_backward(problem, runtime.profile(0))
+                    assert the_plan.tier == "packed", the_plan
+                    launch = replace(the_plan.launches[0], grid=max(1, the_plan.launches[0].grid // 3))
+                    what = f"{rows}x{cols} +{offset} {launch.kernel}, grid {launch.grid}"
+                    for into in (None, "dy", "y"):
+                        got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into)
+                        assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
+                        assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+        # an offset that splits a row across vectors takes a group of lanes a row
+        problem = GradRowProblem(dtype, "softmax", 9, cols, misaligns=(1,) * 3)
+        assert plan_backward(problem, runtime.profile(0)).tier != "packed"
 
 
 @pytest.mark.parametrize("offsets", [(0, 0, 0), (1, 1, 1), (3, 3, 3)])
