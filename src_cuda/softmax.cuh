@@ -637,21 +637,6 @@ template <typename T, int VEC> struct CachedChunk {
   }
 };
 
-// This thread's slots of [begin, end) (begin + threadIdx, + blockDim, ...) into the cache as
-// stored (cache[0] is slot begin); with kAsyncSlots, there when it returns (for this thread; for
-// the block's other threads after a barrier). Out-of-row elements read as -inf.
-template <typename T, int VEC>
-PS_DEVICE void copy_slots_to_cache(const RowSlots<T, VEC>& rs, i64 begin, i64 end, Vec<T, VEC>* cache) {
-#if PS_ASYNC_COPY
-  if constexpr (kAsyncSlots<T, VEC>) {
-    for (i64 k = begin + PS_THREAD_X; k < end; k += PS_BLOCK_DIM_X) copy_slot_to_cache(rs, k, &cache[k - begin]);
-    async_copy_wait_all();
-    return;
-  }
-#endif
-  for_each_slot<4>(rs, begin, end, [&](i64 k, const Vec<T, VEC>& raw) { cache[k - begin] = raw; });
-}
-
 #if PS_ASYNC_COPY
 // async_copy_wait_group with the count of groups left pending known only after unrolling.
 template <int MOST> PS_DEVICE void async_copy_wait_groups_but(int pending) {
@@ -1271,9 +1256,10 @@ PS_DEVICE void staged_row_in_words(T* row, int n, int start, bool safe) {
   }
 }
 
-// The forward op of the staged regime: a row of the tile is finished in place, into registers where
-// it is short (float-computed rows of up to 8 elements, 16-bit ones up to 16: one read of shared
-// memory and one exp an element instead of three reads and two), else a word at a time.
+// The forward op of the short rows (staged_rows, packed_groups). A staged row is finished in place in
+// the tile: into registers where it is short (float-computed rows of up to 8 elements, 16-bit ones up
+// to 16: one read of shared memory and one exp an element instead of three reads and two), else a
+// word at a time.
 template <typename T_, int OP> struct ForwardShortRows {
   typedef T_ T;
   typedef typename compute_of<T>::type C;
@@ -1283,11 +1269,11 @@ template <typename T_, int OP> struct ForwardShortRows {
   template <int VEC> PS_DEVICE RowSlots<T, VEC> span(int, i64 first, i64 count, i64 cols) const {
     return RowSlots<T, VEC>(x + first * cols, y + first * cols, count * cols);
   }
-  // n is the block's, so every lane of a group takes the same branch; the registers' count
-  // nearest above it, as each costs its instructions.
   template <int N> PS_DEVICE void row_in_registers(C* v, const C*, bool safe) const {
     softmax_in_registers<OP, T, 1, N>(v, safe);
   }
+  // n is the block's, so every lane of a group takes the same branch; the registers' count
+  // nearest above it, as each costs its instructions.
   template <int LANES> PS_DEVICE void row(T* row, i64, int n, bool skew, int r, bool safe) const {
     if (LANES == 1 && sizeof(C) == 4 && n <= 8) {
       staged_row_in_registers<OP, T, 8>(row, n, safe);
