@@ -119,13 +119,13 @@ class GradTuning:
     #: shared banks (planner.staged_bank_ways)
     staged_thread_max_row_bytes: int = 180
     staged_group_lanes: int = 4
-    #: the packed rows' blocks (the kernels' launch bound, kPackedThreads; fewer threads where a tile of
-    #: dy and one of y would not fit a block's shared memory)
-    packed_threads: int = 256
     #: ... a block of staged_threads threads (the kernels' launch bound, kStagedThreads) taking tiles
     #: of about staged_bytes_per_thread bytes of each array a thread
     staged_threads: int = 128
     staged_bytes_per_thread: int = 64
+    #: the packed rows' blocks (the kernels' launch bound, kPackedThreads; fewer threads where a tile of
+    #: dy and one of y would not fit a block's shared memory)
+    packed_threads: int = 256
 
 
 DEFAULT_GRAD_TUNING = GradTuning()
@@ -186,43 +186,49 @@ def _block_shape(dtype: str, device: DeviceProfile, s: _Shape) -> tuple[int, int
     return None
 
 
+def _one_span(p: GradRowProblem) -> bool:
+    """Whether dy, y and dx are each one contiguous span of rows, alike aligned (what the short rows'
+    tiles read and write with whole vectors)."""
+    widest = V.vector_widths(p.dtype)[1]
+    return p.rows >= 2 and p.row_strides() == (p.cols,) * 3 and len({m % widest for m in p.misaligns}) == 1
+
+
 def _staged_lanes(t: GradTuning, p: GradRowProblem) -> int | None:
     """Lanes a row of the staged rows (t.staged_*), or None where the rows do not take them."""
     itemsize = V.DTYPES[p.dtype][2]
     row_bytes = p.cols * itemsize
-    widest = V.vector_widths(p.dtype)[1]
-    if (itemsize not in t.staged_itemsizes or p.rows < 2 or p.row_strides() != (p.cols,) * 3
-            or len({m % widest for m in p.misaligns}) != 1 or row_bytes % 16 == 0
+    if (itemsize not in t.staged_itemsizes or not _one_span(p) or row_bytes % 16 == 0
             or p.cols < t.staged_min_cols.get(itemsize, 1 << 30) or row_bytes > t.staged_max_row_bytes):
         return None
     lanes = 1 if row_bytes <= t.staged_thread_max_row_bytes else t.staged_group_lanes
     return lanes if lanes in V.GRAD_STAGED_LANES else None
 
 
-def _packed_shape(t: GradTuning, p: GradRowProblem, device: DeviceProfile) -> tuple[int, int, int] | None:
-    """(threads, values a thread's group, groups a thread) of the packed rows, or None where they do
-    not take these rows: contiguous rows of V.grad_packed_cols columns, dy, y and dx alike aligned,
-    every lcm(cols, vec) values of the span starting a row, a tile of each in a block's shared memory
-    (blocks of t.packed_threads, fewer where they would not fit)."""
+def _packed_shape(t: GradTuning, p: GradRowProblem, device: DeviceProfile) -> tuple[int, int, int, int] | None:
+    """(threads, values a thread's group, groups a thread, shared bytes) of the packed rows, or None
+    where they do not take these rows: contiguous rows of V.grad_packed_cols columns, dy, y and dx
+    alike aligned, every lcm(cols, vec) values of the span starting a row, a tile of each in a block's
+    shared memory (blocks of t.packed_threads, fewer where they would not fit)."""
     vec = V.vector_widths(p.dtype)[1]
-    if (p.cols not in V.grad_packed_cols(p.dtype) or p.rows < 2 or p.row_strides() != (p.cols,) * 3
-            or len({m % vec for m in p.misaligns}) != 1 or p.misaligns[0] % vec % p.cols != 0):
+    if p.cols not in V.grad_packed_cols(p.dtype) or not _one_span(p) or p.misaligns[0] % vec % p.cols != 0:
         return None
     per_thread = lcm(p.cols, vec)  # whole vectors and whole rows
     group = per_thread // vec
     depth = 1 if group >= 4 else 4 // group  # packed_rows' DEPTH: four vectors in flight a thread
+
+    def tiles_bytes(threads: int) -> int:  # a tile of dy, then one of y
+        return 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2]
+
     threads = min(t.packed_threads, device.max_threads_per_block)
-    while threads > device.warp_size and 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2] > \
-            device.shared_mem_per_block:
+    while threads > device.warp_size and tiles_bytes(threads) > device.shared_mem_per_block:
         threads //= 2
-    fits = 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2] <= device.shared_mem_per_block
-    return (threads, per_thread, depth) if fits else None
+    shared = tiles_bytes(threads)
+    return (threads, per_thread, depth, shared) if shared <= device.shared_mem_per_block else None
 
 
 def _packed(t, p, device, s):
     vec = V.vector_widths(p.dtype)[1]
-    threads, per_thread, depth = _packed_shape(t, p, device)
-    shared = 2 * depth * threads * per_thread * V.DTYPES[p.dtype][2]  # a tile of dy, then one of y
+    threads, per_thread, depth, shared = _packed_shape(t, p, device)
     groups = ceil((p.misaligns[0] % vec + p.rows * p.cols) / per_thread)
     launch = Launch(V.grad_packed_name(p.dtype, p.op, p.cols), _work_grid(ceil(groups / (threads * depth)), device),
                     threads, shared, ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (I64, p.rows), (I32, int(p.safe))),

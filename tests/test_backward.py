@@ -234,6 +234,27 @@ def test_16_bit_rows_take_the_elements_of_their_partial_slots_one_a_lane(runtime
 STAGED_SHAPES = [(400, 3), (300, 5), (130, 7), (41, 77), (37, 130), (9, 197), (5, 250), (3, 287)]
 
 
+def rows_with_nan_and_empty(rng, rows: int, cols: int, op: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(dy, y) with a NaN of dy in row 0, a NaN of y in the last row, and the middle row a safe
+    forward's row of all -inf (log_softmax -inf, softmax 0)."""
+    y = forward_output(rng, (rows, cols), 1, op, dtype)
+    dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+    dy[0, cols // 2] = np.nan
+    y[rows - 1, cols - 1] = np.nan
+    y[rows // 2] = -np.inf if op == "log_softmax" else 0.0
+    return dy, y
+
+
+def assert_nan_and_empty_rows_into_each(runtime, dy, y, the_plan, offset: int, op: str, what: str) -> None:
+    """The plan's dx into a fresh array, over dy and over y: within the reference, rows 0 and -1 NaN,
+    the middle row 0."""
+    rows = dy.shape[0]
+    for into in (None, "dy", "y"):
+        got = runtime.run_backward(dy, y, the_plan, (offset,) * 3, into)
+        assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
+        assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+
+
 @pytest.mark.parametrize("offset", [0, 1, 5])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_short_rows_staged_through_shared_memory(runtime, rng, dtype, offset):
@@ -252,11 +273,7 @@ def test_short_rows_staged_through_shared_memory(runtime, rng, dtype, offset):
                     or cols < tuning.staged_min_cols[itemsize]):
                 continue
             for op in ("softmax", "log_softmax"):
-                y = forward_output(rng, (rows, cols), 1, op, dtype)
-                dy = rng.standard_normal((rows, cols)).astype(y.dtype)
-                dy[0, cols // 2] = np.nan
-                y[rows - 1, cols - 1] = np.nan
-                y[rows // 2] = -np.inf if op == "log_softmax" else 0.0
+                dy, y = rows_with_nan_and_empty(rng, rows, cols, op, dtype)
                 problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3, safe=True)
                 the_plan = plan_backward(problem, runtime.profile(0), tuning)
                 assert the_plan.tier == "staged" and the_plan.notes["lanes"] == lanes, the_plan
@@ -266,10 +283,8 @@ def test_short_rows_staged_through_shared_memory(runtime, rng, dtype, offset):
                                  for i, a in enumerate(the_plan.launches[0].args))
                     launch = replace(the_plan.launches[0], grid=max(1, tiles // 2), args=args)
                     what = f"{rows}x{cols} +{offset} {launch.kernel} interleave {interleave}, {tiles} tiles"
-                    for into in (None, "dy", "y"):
-                        got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into)
-                        assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
-                        assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+                    assert_nan_and_empty_rows_into_each(runtime, dy, y, replace(the_plan, launches=(launch,)),
+                                                        offset, op, what)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -283,20 +298,14 @@ def test_rows_of_a_few_columns_packed_in_threads(runtime, rng, dtype):
         for offset in range(0, vec, cols):
             for rows in (7, 20001):
                 for op in ("softmax", "log_softmax"):
-                    y = forward_output(rng, (rows, cols), 1, op, dtype)
-                    dy = rng.standard_normal((rows, cols)).astype(y.dtype)
-                    dy[0, cols // 2] = np.nan
-                    y[rows - 1, cols - 1] = np.nan
-                    y[rows // 2] = -np.inf if op == "log_softmax" else 0.0
+                    dy, y = rows_with_nan_and_empty(rng, rows, cols, op, dtype)
                     problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3, safe=True)
                     the_plan = plan_backward(problem, runtime.profile(0))
                     assert the_plan.tier == "packed", the_plan
                     launch = replace(the_plan.launches[0], grid=max(1, the_plan.launches[0].grid // 3))
                     what = f"{rows}x{cols} +{offset} {launch.kernel}, grid {launch.grid}"
-                    for into in (None, "dy", "y"):
-                        got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into)
-                        assert_gradient(got, dy, y, 1, op, f"{what} over {into}")
-                        assert np.isnan(got[[0, rows - 1]]).all() and (got[rows // 2] == 0).all(), what
+                    assert_nan_and_empty_rows_into_each(runtime, dy, y, replace(the_plan, launches=(launch,)),
+                                                        offset, op, what)
         # an offset that splits a row across vectors takes a group of lanes a row
         problem = GradRowProblem(dtype, "softmax", 9, cols, misaligns=(1,) * 3)
         assert plan_backward(problem, runtime.profile(0)).tier != "packed"
