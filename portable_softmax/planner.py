@@ -411,6 +411,10 @@ class Tuning:
     split_registers: SizeMap = SizeMap({size: pairs[0] for size, pairs in V.SPLIT_REGISTERS_CONFIGS.items()})
     split_registers_threads: int = V.LAUNCH_BOUND_THREADS["cached_registers"]
     split_registers_full_grid: tuple = (2, 4)
+    #: rows past one held chunk a multiprocessor take several a multiprocessor (as many as the
+    #: held form keeps resident), the grid filled with whole rows (two or more a round), rather
+    #: than the two passes
+    split_registers_spanning_rows: bool = True
     #: with asynchronous copies, the two-pass split's first pass takes its chunks through a buffer
     #: of split_buffer_bytes in shared memory (a thread's whole share of it in flight at once), in
     #: blocks of split_buffer_threads, and so does its second pass for 16-bit values (streamed,
@@ -1224,10 +1228,11 @@ def _warp_plan(r: _Rows) -> Draft:
 
 
 def _on_chip_split(r: _Rows) -> Draft | None:
-    """Chunks of each row on co-resident blocks, at most one chunk of a row per multiprocessor (one
-    resident block per multiprocessor is always possible), merged through global memory; with
-    asynchronous copies each chunk's first slots in registers (t.split_registers). None where a row
-    takes more chunks than multiprocessors."""
+    """Chunks of each row on co-resident blocks, merged through global memory: at most one chunk of
+    a row a multiprocessor (one resident block a multiprocessor is always possible); with
+    asynchronous copies each chunk's first slots in registers (t.split_registers), where a row past
+    one such chunk a multiprocessor takes several, as many as that form keeps resident
+    (t.split_registers_spanning_rows). None where a row takes more chunks than that."""
     t, p, device, warp, vec, slots, itemsize = r.t, r.p, r.device, r.warp, r.vec, r.slots, r.itemsize
     static_bytes, few_rows = r.static_bytes, r.few_rows
     notes = r.notes()
@@ -1238,6 +1243,8 @@ def _on_chip_split(r: _Rows) -> Draft | None:
         budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
         held_cap = held_slots * t.split_registers_threads + (budget - static_bytes) // (vec * itemsize)
         fills_the_grid = p.rows * ceil(slots / held_cap) >= per_multiprocessor * device.multiprocessors
+        # rows that span several chunks a multiprocessor fill the grid whatever their number (below)
+        fills_the_grid |= t.split_registers_spanning_rows and ceil(slots / held_cap) > device.multiprocessors
     if (held_config is not None and has_async_copy(device)
             and (not few_rows or (itemsize in t.split_registers_full_grid and fills_the_grid))
             and device.max_threads_per_block >= t.split_registers_threads):
@@ -1252,24 +1259,37 @@ def _on_chip_split(r: _Rows) -> Draft | None:
     chunk_cap = max(threads, chunk_cap)
     chunks = max(ceil(slots / chunk_cap),
                  min(ceil(t.split_min_chunks_per_sm * device.multiprocessors / p.rows), ceil(slots / threads)))
-    if chunks > device.multiprocessors:
-        return None
     unit = _chunk_unit(t, vec, itemsize)
 
     def chunk_bytes(chunk_slots: int) -> int:
         """Shared memory of a chunk: its first `held` slots are in registers."""
         return max(0, chunk_slots - held) * vec * itemsize
 
-    chunk_slots, chunks = _split_evenly(slots, chunks, unit)
-    grid = _cooperative_grid(device, threads, chunk_bytes(chunk_slots) + static_bytes, p.rows, chunks,
-                             per_multiprocessor)
-    rounds = p.rows / (grid // chunks)
-    if itemsize in t.split_even_rounds_itemsizes and 1 < rounds <= t.split_even_rounds_most:
-        # rounds of as many rows each, in the same grid: more and smaller chunks
-        even = ceil(p.rows / ceil(rounds))
-        if grid // even > chunks:
-            chunk_slots, chunks = _split_evenly(slots, grid // even, unit)
-            grid = even * chunks
+    if held and chunks > device.multiprocessors and t.split_registers_spanning_rows:
+        # A row past one chunk a multiprocessor: several of its chunks a multiprocessor, as many as
+        # the launch bound keeps resident, each within its share of shared memory (whole units,
+        # never rounded past it), and the grid filled with whole rows, at least two a round (one
+        # row's wait then overlaps another's loads; alone, a row ran as fast in the two passes).
+        cap = chunk_cap // unit * unit
+        resident = per_multiprocessor * device.multiprocessors
+        per_round = min(p.rows, resident // ceil(slots / cap))
+        if per_round < 2:
+            return None
+        chunk_slots, chunks = _split_evenly(slots, resident // per_round, unit)
+        grid = per_round * chunks
+    else:
+        if chunks > device.multiprocessors:  # one resident block a multiprocessor is always possible
+            return None
+        chunk_slots, chunks = _split_evenly(slots, chunks, unit)
+        grid = _cooperative_grid(device, threads, chunk_bytes(chunk_slots) + static_bytes, p.rows, chunks,
+                                 per_multiprocessor)
+        rounds = p.rows / (grid // chunks)
+        if itemsize in t.split_even_rounds_itemsizes and 1 < rounds <= t.split_even_rounds_most:
+            # rounds of as many rows each, in the same grid: more and smaller chunks
+            even = ceil(p.rows / ceil(rounds))
+            if grid // even > chunks:
+                chunk_slots, chunks = _split_evenly(slots, grid // even, unit)
+                grid = even * chunks
     if held:
         notes.update(held_slots=held)
     xs, ys = p.strides()

@@ -660,6 +660,40 @@ def test_on_chip_split_rounds_of_as_many_rows(rng, monkeypatch, held):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("many", [True, False], ids=["three-rounds", "four-rows"])
+def test_rows_past_one_chunk_a_multiprocessor_stay_on_chip(rng, dtype, many, cooperative):
+    """Rows longer than the held form's chunks on every multiprocessor take several chunks a
+    multiprocessor, the grid filled with as many rows a round (rows enough for three rounds, or four
+    rows, fewer than multiprocessors), with NaN, +inf and -inf rows and whole chunks of -inf;
+    launched plain and cooperatively."""
+    from portable_softmax import planner
+
+    torch = _torch_cuda()
+    device = _probe.runtime("cuda").profile(0)
+    if not planner.has_async_copy(device):
+        pytest.skip(f"{device.arch} has no asynchronous copies: the split holds no slots in registers")
+    # a row just past the held chunks of one block on every multiprocessor
+    probe = planner.plan(planner.RowProblem(dtype, "softmax", 64, 1 << 20), device)
+    chunk_bytes = probe.notes["chunk_slots"] * 16
+    cols = int(1.2 * device.multiprocessors * chunk_bytes) // planner.V.DTYPES[dtype][2] + 3
+    first = planner.plan(planner.RowProblem(dtype, "softmax", 1_000, cols), device)
+    per_round = first.launches[0].grid // first.notes["chunks"]
+    rows = 2 * per_round + 1 if many else 4
+    host = random_input(rng, (rows, cols), "float32")
+    host[0, cols // 2] = np.nan
+    host[1, cols // 3] = np.inf
+    host[2, :] = -np.inf
+    host[rows - 1, : cols - 7] = -np.inf  # the last round: whole chunks of nothing but -inf
+    v = torch.from_numpy(host).to("cuda", getattr(torch, dtype))
+    the_plan = _plan_of(v)
+    assert the_plan.tier == "cached" and "held_slots" in the_plan.notes, the_plan
+    assert the_plan.notes["chunks"] > device.multiprocessors, the_plan
+    assert the_plan.launches[0].grid == min(rows, per_round) * the_plan.notes["chunks"], the_plan
+    _check_each_op(v, f"{dtype} {rows}x{cols}")
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype, cols, tier, padded", [("float32", 100, "staged_group", False),
                                                        ("float16", 120, "staged_group", False),
                                                        ("float16", 256, "staged_group", True),

@@ -517,6 +517,47 @@ def test_on_chip_split_rounds_take_as_many_rows_each(device):
         assert (p.launches[0].grid, p.notes["chunks"]) == (660, 5)
 
 
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+def test_rows_past_one_held_chunk_a_multiprocessor_take_several_on_chip(device):
+    """Rows longer than one held chunk on every multiprocessor, which the two passes took, stay on
+    chip (split_registers_spanning_rows): several chunks a multiprocessor, each within its share of
+    the multiprocessor's shared memory (so that the launch bound's blocks are all resident), the
+    grid filled with whole rows, two or more a round; rows too long for that still take the two
+    passes, and no other plan changes."""
+    spanning = 0
+    for dtype, rows, cols in itertools.product(("float32", "bfloat16", "float16", "float64"), (3, 5, 16, 32, 100),
+                                               (1_000_000, 2_600_003, 4_194_304, 6_000_000, 16_777_216, 10**8)):
+        problem = RowProblem(dtype, "softmax", rows, cols)
+        before, after = _plans_with_and_without(large_input_tuning(device), "split_registers_spanning_rows", problem,
+                                                device)
+        if after == before:
+            continue
+        spanning += 1
+        assert (before.tier, after.tier) == ("split", "cached"), (dtype, rows, cols)
+        (step,) = after.launches
+        held_slots, per_multiprocessor = T.split_registers[V.DTYPES[dtype][2]]
+        chunks = after.notes["chunks"]
+        assert "held_slots" in after.notes and chunks > device.multiprocessors
+        static = 2 * (1024 // device.warp_size) * 4 + 1024  # the block reduction's scratch, the runtime's reserve
+        assert per_multiprocessor * (step.shared_mem + static) <= device.shared_mem_per_multiprocessor
+        assert step.grid % chunks == 0 and step.grid <= per_multiprocessor * device.multiprocessors
+        assert step.grid // chunks == min(rows, per_multiprocessor * device.multiprocessors // chunks) >= 2
+        assert chunks * after.notes["chunk_slots"] >= after.notes["slots"]
+    if planner.has_async_copy(device):
+        assert spanning >= 10, spanning
+        # float32 16x4194304 (16 MiB rows): 330 chunks, two rows a round of 5 x 132 blocks
+        p = plan_large(RowProblem("float32", "softmax", 16, 4_194_304), device)
+        assert (p.tier, p.launches[0].grid, p.notes["chunks"]) == ("cached", 660, 330)
+        assert plan_large(RowProblem("float32", "softmax", 1, 10**8), device).tier == "split"
+        # rows fewer than multiprocessors too: bfloat16 4x4194304, the four rows in one round
+        p = plan_large(RowProblem("bfloat16", "softmax", 4, 4_194_304), device)
+        assert (p.tier, p.launches[0].grid, p.notes["chunks"]) == ("cached", 660, 165)
+        # float32 4x6000000: one row a round; it ran as fast in the two passes
+        assert plan_large(RowProblem("float32", "softmax", 4, 6_000_000), device).tier == "split"
+    else:
+        assert spanning == 0
+
+
 def test_the_split_scratch_needs_no_fill_and_the_on_chip_split_leaves_its_own_zero():
     """The two-pass split writes every partial before reading it; the on-chip tiers count and
     publish in scratch they find zero and leave zero (Plan.scratch_zeroed)."""
