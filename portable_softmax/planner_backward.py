@@ -84,9 +84,12 @@ class GradStridedProblem:
 class GradTuning:
     """The gradient planner's numbers (one family of devices)."""
 
-    #: the on-chip split takes rows of at most this many chunks a multiprocessor (one resident block
-    #: each is certain; the launch bound asks the compiler for GRAD_CACHED_MIN_BLOCKS)
-    cached_chunks_per_multiprocessor: int = 1
+    #: the on-chip split takes rows of at most one chunk a multiprocessor (one resident block each is
+    #: certain), and, where copies are asynchronous (NVIDIA sm_80+, whose occupancy the launch bound
+    #: sets), longer rows of up to GRAD_CACHED_MIN_BLOCKS a multiprocessor where two or more rows fit
+    #: a round and fill at least cached_spanning_min_fill of its blocks, rather than the two passes
+    cached_spanning_rows: bool = True
+    cached_spanning_min_fill: float = 0.75
     #: rows as long as a block holds, but fewer than multiprocessors / this, split across blocks
     few_rows_fraction: int = 2
     #: the two-pass split cuts rows into enough chunks for this many blocks a multiprocessor
@@ -265,8 +268,19 @@ def _cached_chunks(s: _Shape) -> int:
     return ceil(s.slots / (V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS))
 
 
-def _cached_fits(t: GradTuning, device: DeviceProfile) -> bool:
-    return V.GRAD_CACHED_THREADS <= device.max_threads_per_block
+def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape) -> bool:
+    """Whether the on-chip split holds the rows: one chunk a multiprocessor, or (a row's wait then
+    overlapping another's loads) several, where two or more rows fill most of a round of resident
+    blocks (at 73% full, float32 16x786432 ran 1-2 points behind the two passes)."""
+    if V.GRAD_CACHED_THREADS > device.max_threads_per_block:
+        return False
+    chunks = _cached_chunks(s)
+    if chunks <= device.multiprocessors:
+        return True
+    resident = V.GRAD_CACHED_MIN_BLOCKS * device.multiprocessors
+    per_round = min(p.rows, resident // chunks)
+    return (t.cached_spanning_rows and _planner.has_async_copy(device) and per_round >= 2
+            and per_round * chunks >= t.cached_spanning_min_fill * resident)
 
 
 def _in_a_warp(t, p, device, s):
@@ -333,8 +347,7 @@ ROW_RULES: tuple[Rule, ...] = (
          lambda t, p, d, s: _block_shape(p.dtype, d, s) is not None and not _few_rows(t, p, d, s), _block),
     Rule("a row split across blocks, on chip", "longer rows (or a few long ones) whose chunks fit the "
          "resident blocks: one read and one write, the chunks' sums meeting in scratch",
-         lambda t, p, d, s: _cached_fits(t, d) and _cached_chunks(s) <= t.cached_chunks_per_multiprocessor
-         * d.multiprocessors, _cached),
+         lambda t, p, d, s: _cached_fits(t, p, d, s), _cached),
     Rule("a row split across blocks, two passes", "rows too long for the chip: each chunk's sum, then "
          "the chunk again to finish it", lambda t, p, d, s: True, _split),
 )

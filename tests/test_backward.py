@@ -7,6 +7,7 @@ backend, on the emulated backends, and under torch's autograd (eager, torch.func
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from dataclasses import replace
 
@@ -23,6 +24,7 @@ from portable_softmax import _tolerance, planner
 from portable_softmax import _variants as V
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
+    DEFAULT_GRAD_TUNING,
     ROW_RULES,
     STRIDED_RULES,
     GradRowProblem,
@@ -156,6 +158,32 @@ def test_the_on_chip_split_copies_the_next_row_ahead(async_library, rng, dtype, 
             for into in ("dy", "y"):  # the next row's copies, issued before this row's stores, read it unchanged
                 got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into=into)
                 assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} offset {offset} over {into}")
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_rows_past_one_chunk_a_multiprocessor_take_several_on_chip(async_library, rng, dtype, offset):
+    """Where copies are asynchronous, rows of more on-chip chunks than multiprocessors (6 on the
+    emulated 4) stay on chip where two rows fill most of a round of resident blocks
+    (cached_spanning_rows; the two passes without it): rows in rounds of two and of three, whole
+    rows and rows with a partial head, into fresh outputs and over dy."""
+    runtime = EmulatedRuntime(async_library, 32, arch="sm_90", vendor="nvidia")
+    device = runtime.profile(0)
+    cols = 6 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * V.vector_widths(dtype)[1] - 5
+    for rows, rows_a_round in [(5, 2), (5, 3)]:
+        for op in ("softmax", "log_softmax"):
+            problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
+            the_plan = plan_backward(problem, device)
+            assert the_plan.tier == "cached" and the_plan.notes["chunks"] > device.multiprocessors, the_plan
+            without = plan_backward(problem, device, replace(DEFAULT_GRAD_TUNING, cached_spanning_rows=False))
+            assert without.tier == "split", without
+            launch = replace(the_plan.launches[0], grid=the_plan.notes["chunks"] * rows_a_round)
+            y = forward_output(rng, (rows, cols), 1, op, dtype)
+            dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+            dy[1, cols // 2] = np.nan
+            for into in (None, "dy"):
+                got = runtime.run_backward(dy, y, replace(the_plan, launches=(launch,)), (offset,) * 3, into=into)
+                assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols} offset {offset} {rows_a_round} a round")
 
 
 @pytest.mark.parametrize("offsets", [(1, 1, 1), (1, 2, 3), (0, 0, 1)])
@@ -681,6 +709,36 @@ def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
+def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_stay_full(profile):
+    """Rows of more on-chip chunks than multiprocessors leave the two passes for the on-chip split
+    only where copies are asynchronous, two or more rows fit a round of the launch bound's resident
+    blocks and fill at least cached_spanning_min_fill of it; no other plan changes."""
+    device = PROFILES[profile]
+    resident = V.GRAD_CACHED_MIN_BLOCKS * device.multiprocessors
+    moved = 0
+    for dtype, rows, cols in itertools.product(V.DTYPES, (1, 2, 4, 16, 64), (300_000, 600_000, 786_432, 1_048_576,
+                                                                            1_500_000, 2_097_152, 4_194_304)):
+        problem = GradRowProblem(dtype, "softmax", rows, cols)
+        before = plan_backward(problem, device, replace(DEFAULT_GRAD_TUNING, cached_spanning_rows=False))
+        after = plan_backward(problem, device)
+        if after == before:
+            continue
+        moved += 1
+        assert (before.tier, after.tier) == ("split", "cached"), (dtype, rows, cols)
+        chunks = after.notes["chunks"]
+        per_round = min(rows, resident // chunks)
+        assert chunks > device.multiprocessors and per_round >= 2, (dtype, rows, cols, chunks)
+        assert per_round * chunks >= DEFAULT_GRAD_TUNING.cached_spanning_min_fill * resident, (dtype, rows, cols)
+    if planner.has_async_copy(device):
+        assert moved >= 10, moved
+        # float32 16x786432: 192 chunks, two rows fill 73% of a round (it ran 1-2 points behind the passes)
+        assert plan_backward(GradRowProblem("float32", "softmax", 16, 786_432), device).tier == "split"
+        assert plan_backward(GradRowProblem("bfloat16", "softmax", 64, 2_097_152), device).tier == "cached"
+    else:
+        assert moved == 0
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 def test_plans_respect_the_launch_limits(profile):
     device = PROFILES[profile]
     for dtype in V.DTYPES:
@@ -690,8 +748,10 @@ def test_plans_respect_the_launch_limits(profile):
                 assert 1 <= launch.block <= device.max_threads_per_block and launch.block % device.warp_size == 0
                 assert 1 <= launch.grid <= device.max_grid_x
                 assert launch.shared_mem <= device.shared_mem_per_block_optin
-                if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is sure
-                    assert launch.min_grid <= device.multiprocessors
+                if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is
+                    # sure, and where copies are asynchronous the launch bound's blocks of the on-chip split
+                    spans = planner.has_async_copy(device) and the_plan.tier == "cached"
+                    assert launch.min_grid <= device.multiprocessors * (V.GRAD_CACHED_MIN_BLOCKS if spans else 1)
             if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
                 lanes, slots, vec = (the_plan.notes[k] for k in ("lanes", "slots", "vec"))
                 assert lanes * slots * vec >= problem.cols  # the row fits what the lanes hold

@@ -27,14 +27,18 @@ def _to_torch(a: np.ndarray):
     return torch.from_numpy(a).cuda()
 
 
-def _tier(dy, y, axis, op) -> str:
+def _plan(dy, y, axis, op):
     from portable_softmax import _backward
     from portable_softmax.layout import describe
 
     src = _backward.classify(dy)
     layout = describe(tuple(dy.shape), src.strides, axis % dy.ndim)
     problem = _backward._problem(src.dtype, op, layout, layout, layout, (0, 0, 0))
-    return _backward.plan_backward(problem, _probe.runtime("cuda").profile(0)).tier
+    return _backward.plan_backward(problem, _probe.runtime("cuda").profile(0))
+
+
+def _tier(dy, y, axis, op) -> str:
+    return _plan(dy, y, axis, op).tier
 
 
 #: shapes that take each regime on an H100/H200 class device
@@ -63,6 +67,35 @@ def test_cupy_every_regime(rng, dtype, op):
         assert isinstance(got, cupy.ndarray)
         assert_gradient(cupy.asnumpy(got), dy, y, 1, op, f"cupy {dtype} {shape} (fresh output)")
     assert {"warp", "block", "cached", "split"} <= tiers
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", FNS)
+@pytest.mark.parametrize("dtype, shape", [("float32", (4, 600_000)), ("bfloat16", (8, 2_097_152))])
+def test_cupy_rows_past_one_chunk_a_multiprocessor_stay_on_chip(rng, dtype, shape, op):
+    """Rows that take several chunks of the gradient's on-chip split a multiprocessor (two or more
+    rows a round of resident blocks), a NaN element in one, contiguous and as views a column off a
+    vector (out a view alike), into a poisoned output."""
+    cupy = pytest.importorskip("cupy")
+    from portable_softmax import planner
+
+    device = _probe.runtime("cuda").profile(0)
+    if not planner.has_async_copy(device):
+        pytest.skip(f"{device.arch} has no asynchronous copies: such rows take the two passes")
+    rows, cols = shape
+    y = forward_output(rng, (rows, cols + 1), 1, op, dtype)
+    dy = rng.standard_normal((rows, cols + 1)).astype(y.dtype)
+    dy[1, 7] = np.nan
+    for name, cut in (("contiguous", slice(0, cols)), ("column offset 1", slice(1, cols + 1))):
+        dy_h, y_h = np.ascontiguousarray(dy[:, cut]), np.ascontiguousarray(y[:, cut])
+        dy_d, y_d = (cupy.asarray(dy), cupy.asarray(y)) if cut.start else (cupy.asarray(dy_h), cupy.asarray(y_h))
+        if cut.start:
+            dy_d, y_d = dy_d[:, cut], y_d[:, cut]
+        out = cupy.full(dy.shape, np.nan, dtype=y.dtype)[:, cut] if cut.start else cupy.full(shape, np.nan, y.dtype)
+        the_plan = _plan(dy_d, y_d, 1, op)
+        assert the_plan.tier == "cached" and the_plan.notes["chunks"] > device.multiprocessors, (name, the_plan)
+        assert FNS[op](dy_d, y_d, 1, out=out) is out
+        assert_gradient(cupy.asnumpy(out), dy_h, y_h, 1, op, f"{dtype} {shape} {name}")
 
 
 @needs_cuda
