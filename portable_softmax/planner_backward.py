@@ -86,8 +86,9 @@ class GradTuning:
 
     #: the on-chip split takes rows of at most one chunk a multiprocessor (one resident block each is
     #: certain), and, where copies are asynchronous (NVIDIA sm_80+, whose occupancy the launch bound
-    #: sets), longer rows of up to GRAD_CACHED_MIN_BLOCKS a multiprocessor where two or more rows fit
-    #: a round and fill at least cached_spanning_min_fill of its blocks, rather than the two passes
+    #: sets), longer rows of up to GRAD_CACHED_MIN_BLOCKS a multiprocessor (as threads and shared
+    #: memory allow) where two or more rows fit a round and fill at least cached_spanning_min_fill of
+    #: its blocks, rather than the two passes
     cached_spanning_rows: bool = True
     cached_spanning_min_fill: float = 0.75
     #: rows as long as a block holds, but fewer than multiprocessors / this, split across blocks
@@ -268,6 +269,15 @@ def _cached_chunks(s: _Shape) -> int:
     return ceil(s.slots / (V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS))
 
 
+def _cached_blocks_per_multiprocessor(device: DeviceProfile) -> int:
+    """The on-chip split's blocks a multiprocessor holds for certain where copies are asynchronous:
+    its launch bound's, as far as threads and shared memory allow (a block's staged copies of dy and
+    y, 16 bytes a slot each, and the runtime's 1 KiB reserve)."""
+    staged = 2 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * 16 + 1024 + 64
+    return min(V.GRAD_CACHED_MIN_BLOCKS, device.max_threads_per_multiprocessor // V.GRAD_CACHED_THREADS,
+               device.shared_mem_per_multiprocessor // staged)
+
+
 def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape) -> bool:
     """Whether the on-chip split holds the rows: one chunk a multiprocessor, or (a row's wait then
     overlapping another's loads) several, where two or more rows fill most of a round of resident
@@ -277,7 +287,7 @@ def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Sh
     chunks = _cached_chunks(s)
     if chunks <= device.multiprocessors:
         return True
-    resident = V.GRAD_CACHED_MIN_BLOCKS * device.multiprocessors
+    resident = _cached_blocks_per_multiprocessor(device) * device.multiprocessors
     per_round = min(p.rows, resident // chunks)
     return (t.cached_spanning_rows and _planner.has_async_copy(device) and per_round >= 2
             and per_round * chunks >= t.cached_spanning_min_fill * resident)

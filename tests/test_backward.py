@@ -22,6 +22,7 @@ from test_emulation import _library_or_skip
 import portable_softmax as ps
 from portable_softmax import _tolerance, planner
 from portable_softmax import _variants as V
+from portable_softmax import planner_backward as pb
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
     DEFAULT_GRAD_TUNING,
@@ -714,7 +715,7 @@ def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_sta
     only where copies are asynchronous, two or more rows fit a round of the launch bound's resident
     blocks and fill at least cached_spanning_min_fill of it; no other plan changes."""
     device = PROFILES[profile]
-    resident = V.GRAD_CACHED_MIN_BLOCKS * device.multiprocessors
+    resident = pb._cached_blocks_per_multiprocessor(device) * device.multiprocessors
     moved = 0
     for dtype, rows, cols in itertools.product(V.DTYPES, (1, 2, 4, 16, 64), (300_000, 600_000, 786_432, 1_048_576,
                                                                             1_500_000, 2_097_152, 4_194_304)):
@@ -734,6 +735,10 @@ def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_sta
         # float32 16x786432: 192 chunks, two rows fill 73% of a round (it ran 1-2 points behind the passes)
         assert plan_backward(GradRowProblem("float32", "softmax", 16, 786_432), device).tier == "split"
         assert plan_backward(GradRowProblem("bfloat16", "softmax", 64, 2_097_152), device).tier == "cached"
+        # a multiprocessor of 100 KiB of shared memory (sm_86, sm_89) holds three such blocks, not four
+        small = replace(device, arch="sm_89", shared_mem_per_multiprocessor=100 * 1024,
+                        max_threads_per_multiprocessor=1536)
+        assert pb._cached_blocks_per_multiprocessor(small) == 3
     else:
         assert moved == 0
 
@@ -751,7 +756,8 @@ def test_plans_respect_the_launch_limits(profile):
                 if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is
                     # sure, and where copies are asynchronous the launch bound's blocks of the on-chip split
                     spans = planner.has_async_copy(device) and the_plan.tier == "cached"
-                    assert launch.min_grid <= device.multiprocessors * (V.GRAD_CACHED_MIN_BLOCKS if spans else 1)
+                    blocks = pb._cached_blocks_per_multiprocessor(device) if spans else 1
+                    assert launch.min_grid <= device.multiprocessors * blocks
             if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
                 lanes, slots, vec = (the_plan.notes[k] for k in ("lanes", "slots", "vec"))
                 assert lanes * slots * vec >= problem.cols  # the row fits what the lanes hold

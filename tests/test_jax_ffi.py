@@ -285,7 +285,16 @@ class StandInRuntime:
         return self.handles.setdefault((device, name), 0x1000 * (len(self.handles) + 1) + device)
 
     def resident_grid(self, fn: int, step, device: int) -> int:
-        return one_wave(step, 2, self._profile.multiprocessors)
+        return stand_in_grid(step, self._profile)
+
+
+def stand_in_grid(step, device: DeviceProfile) -> int:
+    """planner.one_wave with the stand-in's occupancy: blocks a multiprocessor as threads and shared
+    memory (and the runtime's 1 KiB reserve a block) allow, at most the 5 of the on-chip split's
+    launch bound."""
+    per_sm = min(5, device.max_threads_per_multiprocessor // step.block,
+                 device.shared_mem_per_multiprocessor // (step.shared_mem + 1024 + 256))
+    return one_wave(step, per_sm, device.multiprocessors)
 
 
 @pytest.fixture
@@ -340,7 +349,7 @@ def test_cuda_and_rocm_lowering_holds_the_custom_call_with_the_plan(stand_in, pl
     assert _attribute(text, "shared") == [s.shared_mem for s in expected.launches]
     assert _attribute(text, "devices") == [0, 1]
     assert len(_attribute(text, "functions")) == 2 * len(expected.launches)
-    assert _attribute(text, "grids") == [one_wave(s, 2, 132) for s in expected.launches] * 2
+    assert _attribute(text, "grids") == [stand_in_grid(s, DeviceProfile.h100()) for s in expected.launches] * 2
     assert _attribute(text, "zero_bytes") == [nbytes if expected.scratch_zeroed else 0]
     starts, kinds = _attribute(text, "arg_starts"), _attribute(text, "arg_kinds")
     assert starts[-1] == len(kinds) == sum(len(s.args) for s in expected.launches)
