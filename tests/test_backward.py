@@ -168,7 +168,8 @@ def test_rows_past_one_chunk_a_multiprocessor_take_several_on_chip(async_library
     emulated 4) stay on chip where two rows fill most of a round of resident blocks
     (cached_spanning_rows; the two passes without it): rows in rounds of two and of three, whole
     rows and rows with a partial head, into fresh outputs and over dy."""
-    runtime = EmulatedRuntime(async_library, 32, arch="sm_90", vendor="nvidia")
+    # an sm_90-like multiprocessor (the staged copies of four blocks need its shared memory)
+    runtime = EmulatedRuntime(async_library, 32, arch="sm_90", vendor="nvidia", shared_mem_per_multiprocessor=233472)
     device = runtime.profile(0)
     cols = 6 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * V.vector_widths(dtype)[1] - 5
     for rows, rows_a_round in [(5, 2), (5, 3)]:
