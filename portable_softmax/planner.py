@@ -1238,13 +1238,14 @@ def _on_chip_split(r: _Rows) -> Draft | None:
     notes = r.notes()
     held_config = t.split_registers.get(itemsize) if p.dtype in V.BLOCK_REGISTERS_DTYPES else None
     fills_the_grid = False  # the held form's chunks, as long as they can be, fill its resident grid
+    spans = False  # a row of the held form takes more chunks than multiprocessors
     if held_config is not None:
         held_slots, per_multiprocessor = held_config
         budget = min(device.shared_mem_per_block_optin, device.shared_mem_per_multiprocessor // per_multiprocessor)
         held_cap = held_slots * t.split_registers_threads + (budget - static_bytes) // (vec * itemsize)
-        fills_the_grid = p.rows * ceil(slots / held_cap) >= per_multiprocessor * device.multiprocessors
+        spans = t.split_registers_spanning_rows and ceil(slots / held_cap) > device.multiprocessors
         # rows that span several chunks a multiprocessor fill the grid whatever their number (below)
-        fills_the_grid |= t.split_registers_spanning_rows and ceil(slots / held_cap) > device.multiprocessors
+        fills_the_grid = spans or p.rows * ceil(slots / held_cap) >= per_multiprocessor * device.multiprocessors
     if (held_config is not None and has_async_copy(device)
             and (not few_rows or (itemsize in t.split_registers_full_grid and fills_the_grid))
             and device.max_threads_per_block >= t.split_registers_threads):
@@ -1265,7 +1266,7 @@ def _on_chip_split(r: _Rows) -> Draft | None:
         """Shared memory of a chunk: its first `held` slots are in registers."""
         return max(0, chunk_slots - held) * vec * itemsize
 
-    if held and chunks > device.multiprocessors and t.split_registers_spanning_rows:
+    if held and spans:
         # A row past one chunk a multiprocessor: several of its chunks a multiprocessor, as many as
         # the launch bound keeps resident, each within its share of shared memory (whole units,
         # never rounded past it), and the grid filled with whole rows, at least two a round (one

@@ -287,10 +287,11 @@ def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Sh
     chunks = _cached_chunks(s)
     if chunks <= device.multiprocessors:
         return True
+    if not (t.cached_spanning_rows and _planner.has_async_copy(device)):
+        return False
     resident = _cached_blocks_per_multiprocessor(device) * device.multiprocessors
     per_round = min(p.rows, resident // chunks)
-    return (t.cached_spanning_rows and _planner.has_async_copy(device) and per_round >= 2
-            and per_round * chunks >= t.cached_spanning_min_fill * resident)
+    return per_round >= 2 and per_round * chunks >= t.cached_spanning_min_fill * resident
 
 
 def _in_a_warp(t, p, device, s):

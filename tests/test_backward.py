@@ -22,7 +22,6 @@ from test_emulation import _library_or_skip
 import portable_softmax as ps
 from portable_softmax import _tolerance, planner
 from portable_softmax import _variants as V
-from portable_softmax import planner_backward as pb
 from portable_softmax.planner import DeviceProfile
 from portable_softmax.planner_backward import (
     DEFAULT_GRAD_TUNING,
@@ -31,6 +30,7 @@ from portable_softmax.planner_backward import (
     GradRowProblem,
     GradStridedProblem,
     GradTuning,
+    _cached_blocks_per_multiprocessor,
     plan_backward,
     plan_backward_from_input,
     plan_strided_passes,
@@ -716,7 +716,7 @@ def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_sta
     only where copies are asynchronous, two or more rows fit a round of the launch bound's resident
     blocks and fill at least cached_spanning_min_fill of it; no other plan changes."""
     device = PROFILES[profile]
-    resident = pb._cached_blocks_per_multiprocessor(device) * device.multiprocessors
+    resident = _cached_blocks_per_multiprocessor(device) * device.multiprocessors
     moved = 0
     for dtype, rows, cols in itertools.product(V.DTYPES, (1, 2, 4, 16, 64), (300_000, 600_000, 786_432, 1_048_576,
                                                                             1_500_000, 2_097_152, 4_194_304)):
@@ -739,7 +739,7 @@ def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_sta
         # a multiprocessor of 100 KiB of shared memory (sm_86, sm_89) holds three such blocks, not four
         small = replace(device, arch="sm_89", shared_mem_per_multiprocessor=100 * 1024,
                         max_threads_per_multiprocessor=1536)
-        assert pb._cached_blocks_per_multiprocessor(small) == 3
+        assert _cached_blocks_per_multiprocessor(small) == 3
     else:
         assert moved == 0
 
@@ -757,7 +757,7 @@ def test_plans_respect_the_launch_limits(profile):
                 if launch.cooperative:  # a row's chunks must all be resident: one block a multiprocessor is
                     # sure, and where copies are asynchronous the launch bound's blocks of the on-chip split
                     spans = planner.has_async_copy(device) and the_plan.tier == "cached"
-                    blocks = pb._cached_blocks_per_multiprocessor(device) if spans else 1
+                    blocks = _cached_blocks_per_multiprocessor(device) if spans else 1
                     assert launch.min_grid <= device.multiprocessors * blocks
             if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
                 lanes, slots, vec = (the_plan.notes[k] for k in ("lanes", "slots", "vec"))
