@@ -360,6 +360,7 @@ class KernelMath(TorchMath):
 
 
 _kernel_math: dict = {}  # (vendor, device index) -> KernelMath
+_PREPARED_MOST = 512  # launchers a device keeps (as many as the plans _passes keeps)
 
 
 def _device_math(x: Tensor) -> LocalMath:
@@ -382,11 +383,20 @@ def _device_math(x: Tensor) -> LocalMath:
             # thread reports device 0): cudaSetDevice binds the device's primary context first. On
             # another device, the runtime's switch to it binds it, and gives the thread's back after.
             bind = rt.cupy.cuda.runtime.setDevice if vendor == "cuda" else None
+            # A pass's launcher, prepared once (the compiled launcher where it is built): a local step
+            # of a few hundred MB would otherwise spend as long packing arguments as its kernels run.
+            prepared: dict = {}
 
             def launch(plan, dtype, buffers):
                 if bind is not None and rt.current_device() == device:
                     bind(device)
-                rt.launch(plan, dtype, buffers, torch.cuda.current_stream(device).cuda_stream, device)
+                key = (plan, dtype, tuple(buffers))
+                launcher = prepared.get(key)
+                if launcher is None:
+                    if len(prepared) >= _PREPARED_MOST:
+                        prepared.clear()
+                    launcher = prepared[key] = rt.prepare(plan, dtype, device, pointers=key[2])
+                launcher(*buffers.values(), torch.cuda.current_stream(device).cuda_stream)
 
             _kernel_math[key] = KernelMath(rt.profile(device), launch)
     return _kernel_math[key]

@@ -424,6 +424,11 @@ class Tuning:
     split_buffer_bytes: int = 0
     split_buffer_threads: int = 256
     split_buffer_blocks_per_sm: int = 3
+    #: a chunk of the two passes shorter than this many slots a thread of a full block streams in a
+    #: smaller block of about that many slots a thread (split_stream_threads), and not through the
+    #: buffer: a short row a block of 512 threads would leave most of them without a load (the
+    #: sharded softmax's local rows of a few thousand columns); 0: full blocks always
+    split_stream_slots_per_thread: int = 4
     #: chunks start on multiples of this many bytes from the row's first aligned slot, so that no
     #: warp access of a chunk spans a cache line more than it fills
     chunk_align_bytes: int = 256
@@ -1303,11 +1308,27 @@ def _on_chip_split(r: _Rows) -> Draft | None:
                                                ("arrivals", 4 * p.rows)), notes=notes)
 
 
+def split_stream_threads(slots_per_thread: int, warp: int, slots: int, most: int) -> int:
+    """Threads a block of a streamed split pass over chunks of ``slots`` slots: ``most``, or for
+    chunks shorter than ``slots_per_thread`` slots a thread of it, the power of two that gives about
+    that many (at least 64 threads and a warp, so that a multiprocessor's resident blocks still fill
+    its threads). 0 slots a thread: ``most``.
+
+    >>> [split_stream_threads(4, 32, slots, 512) for slots in (128, 1000, 5000)]
+    [64, 256, 512]
+    """
+    if not slots_per_thread or slots >= slots_per_thread * most:
+        return most
+    return min(most, max(64, warp, 1 << (ceil(slots / slots_per_thread) - 1).bit_length()))
+
+
 def _two_pass_split(r: _Rows) -> Draft:
     """Rows too long to keep on chip, streamed twice (partials, then normalize), in enough chunks
-    for several full waves of resident blocks (a last wave half full would idle half the device)."""
+    for several full waves of resident blocks (a last wave half full would idle half the device).
+    Short rows (the sharded softmax's local rows) take smaller blocks, a row each."""
     t, p, device, vec, slots = r.t, r.p, r.device, r.vec, r.slots
-    threads = min(device.max_threads_per_block, 512)
+    most = min(device.max_threads_per_block, 512)
+    threads = split_stream_threads(t.split_stream_slots_per_thread, r.warp, slots, most)
     resident = device.multiprocessors * max(1, device.max_threads_per_multiprocessor // threads)
     min_chunk = 4 * threads  # each thread streams at least four slots per chunk
     max_chunk = 64 * threads
@@ -1315,14 +1336,14 @@ def _two_pass_split(r: _Rows) -> Draft:
     chunks = max(1, min(chunks, ceil(slots / min_chunk)))
     chunk_slots, chunks = _split_evenly(slots, chunks, _chunk_unit(t, vec, r.itemsize))
     jobs = p.rows * chunks
-    grid = grid_for(jobs, device, 4)
+    grid = grid_for(jobs, device, max(1, device.max_threads_per_multiprocessor // threads))
     xs, ys = p.strides()
     first_args = (("ptr", "x"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs),
                   (I64, chunk_slots), (I64, chunks))
     second_args = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols),
                    (I64, xs), (I64, ys), (I64, chunk_slots), (I64, chunks), (I32, _safe(p)))
     slot_bytes = vec * r.itemsize
-    buffered = bool(t.split_buffer_bytes) and has_async_copy(device) and slot_bytes >= 4
+    buffered = bool(t.split_buffer_bytes) and has_async_copy(device) and slot_bytes >= 4 and threads == most
     if buffered:
         budget = min(t.split_buffer_bytes, device.shared_mem_per_multiprocessor // t.split_buffer_blocks_per_sm - 2048)
         buffer_slots = max(1, min(chunk_slots, budget // slot_bytes))

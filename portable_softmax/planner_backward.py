@@ -33,6 +33,7 @@ from .planner import (
     _work_grid,
     default_tuning,
     grid_for,
+    split_stream_threads,
     strided_cached_vec,
     strided_passes,
     strided_thread_lines,
@@ -97,6 +98,9 @@ class GradTuning:
     split_blocks_per_multiprocessor: int = 8
     #: ... each of at least this many slots a thread
     split_min_slots_per_thread: int = 4
+    #: rows shorter than this many slots a thread of a full block stream in smaller blocks
+    #: (planner.split_stream_threads; 0: full blocks always)
+    split_stream_slots_per_thread: int = 4
     #: strided axes of up to this many rows take a thread per line of positions (strided_thread) ...
     strided_thread_short_cols: int = 64
     #: ... and so do axes of up to strided_thread_max_cols rows over at least
@@ -321,7 +325,7 @@ def _cached(t, p, device, s):
 
 
 def _split(t, p, device, s):
-    threads = V.GRAD_STREAM_THREADS
+    threads = split_stream_threads(t.split_stream_slots_per_thread, device.warp_size, s.slots, V.GRAD_STREAM_THREADS)
     want = ceil(device.multiprocessors * t.split_blocks_per_multiprocessor / p.rows)
     chunks = max(1, min(want, s.slots // (threads * t.split_min_slots_per_thread)))
     chunk_slots = ceil(s.slots / chunks)

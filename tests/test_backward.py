@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import shutil
 from dataclasses import replace
+from math import ceil
 
 import ml_dtypes
 import numpy as np
@@ -33,6 +34,7 @@ from portable_softmax.planner_backward import (
     _cached_blocks_per_multiprocessor,
     plan_backward,
     plan_backward_from_input,
+    plan_split_passes,
     plan_strided_passes,
     whole_rows,
 )
@@ -974,3 +976,22 @@ def test_torch_safe_log_softmax_rows_of_all_neg_inf_get_zero_gradient():
     assert (x.grad[0] == 0).all() and torch.isfinite(x.grad).all()
     y = torch.tensor([[-float("inf")] * 3], dtype=torch.float32)
     assert (ps.log_softmax_backward(torch.ones(1, 3), y) == 0).all()
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dtype):
+    """The gradient's two passes over a sharded softmax's local rows: rows shorter than four slots a
+    thread of a full block take a block of about that many (at least 64 threads and a warp), a row
+    each; longer rows keep full blocks."""
+    for cols in (1, 100, 1000, 4096, 16384, 64128):
+        p = plan_split_passes(GradRowProblem(dtype, "softmax", 65536, cols), device)
+        slots, block = ceil(cols / p.notes["vec"]), p.launches[0].block
+        assert all(launch.block == block for launch in p.launches), p
+        if slots >= 4 * V.GRAD_STREAM_THREADS:
+            assert block == V.GRAD_STREAM_THREADS, (cols, block)
+            continue
+        assert block % device.warp_size == 0 and max(64, device.warp_size) <= block < V.GRAD_STREAM_THREADS or \
+            block == V.GRAD_STREAM_THREADS, (cols, block)
+        assert block == max(64, device.warp_size) or block < slots <= 4 * block, (cols, slots, block)
+        assert p.notes["chunks"] == 1, p.notes

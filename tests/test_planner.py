@@ -1296,3 +1296,26 @@ def test_two_pass_split_buffers_its_chunks_where_copies_are_asynchronous(device,
                 assert slots <= p.notes["chunk_slots"], (slots, p.notes)
             else:
                 assert launch.shared_mem == 0, launch
+
+
+@pytest.mark.parametrize("device", [PROFILES["h100"], H200, ADA, T4, PROFILES["mi300x"], PROFILES["rdna3"]],
+                         ids=lambda d: d.arch)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dtype):
+    """A sharded softmax's local rows of a few thousand columns take the split's passes a row a block:
+    each block about four slots a thread (at least 64 threads and a warp), streamed, and enough of
+    them to fill every multiprocessor's threads; rows of a full block's slots keep full blocks."""
+    most = min(device.max_threads_per_block, 512)
+    for cols in (1, 100, 256, 1000, 1024, 4096, 8192, 16384, 64128):
+        p = planner.plan_split_passes(RowProblem(dtype, "softmax", 65536, cols), device)
+        slots = ceil(cols / p.notes["vec"])
+        if slots >= 4 * most:  # full blocks (or the buffered passes' own)
+            assert all(launch.block in (most, T.split_buffer_threads) for launch in p.launches), (cols, p)
+            continue
+        block = p.launches[0].block
+        assert all(launch.block == block for launch in p.launches), p
+        assert block % device.warp_size == 0 and max(64, device.warp_size) <= block <= most, (cols, block)
+        assert block == max(64, device.warp_size) or block < slots <= 4 * block, (cols, slots, block)
+        assert p.notes["chunks"] == 1 and all("_buffered_" not in launch.kernel for launch in p.launches)
+        resident = device.multiprocessors * device.max_threads_per_multiprocessor
+        assert all(launch.grid * block >= resident for launch in p.launches), (cols, p)
