@@ -171,6 +171,25 @@ def block_registers_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_block_registers_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
 
+def rows_pass_slots(dtype: str) -> list[int]:
+    """Slots a lane of the rows regime's passes apart holds (a warp a row of 16-byte slots): every
+    power of two up to the values a lane of the register tier holds (MAX_VALUES_PER_LANE, and
+    MAX_VALUES_PER_LANE_BY_ITEMSIZE)."""
+    vec = vector_widths(dtype)[1]
+    most = min(max_slots(dtype, vec), MAX_VALUES_PER_LANE_BY_ITEMSIZE.get(DTYPES[dtype][2], 1 << 30) // vec)
+    return pow2_upto(most)
+
+
+def rows_partials_name(dtype: str, warp: int, slots: int) -> str:
+    """The sharded softmax's local rows that a warp holds, first pass: each row's (m, d)."""
+    return f"ps_rows_partials_{DTYPES[dtype][0]}_w{warp}_s{slots}_v{vector_widths(dtype)[1]}"
+
+
+def rows_finish_name(dtype: str, op: str, warp: int, slots: int) -> str:
+    """... second pass: each row finished with a given (m, d)."""
+    return f"ps_rows_finish_{DTYPES[dtype][0]}_{op}_w{warp}_s{slots}_v{vector_widths(dtype)[1]}"
+
+
 def split_partials_name(dtype: str, warp: int, vec: int) -> str:
     return f"ps_split_partials_{DTYPES[dtype][0]}_w{warp}_v{vec}"
 
@@ -381,6 +400,12 @@ def warp_entries(dtype: str, warp: int) -> list[Entry]:
             out.append(Entry(split_cached_name(dtype, op, warp, vec), "PS_CACHED_ENTRY", (*head, vec)))
             out += [Entry(split_cached_registers_name(dtype, op, warp, vec, h, b), "PS_CACHED_REGISTERS_ENTRY",
                           (*head, vec, h, b)) for h, b in split_registers_configs(dtype)]
+    widest = vector_widths(dtype)[1]
+    for slots in rows_pass_slots(dtype):
+        out.append(Entry(rows_partials_name(dtype, warp, slots), "PS_ROWS_PARTIALS_ENTRY",
+                         (tag, ctype, warp, slots, widest)))
+        out += [Entry(rows_finish_name(dtype, op, warp, slots), "PS_ROWS_FINISH_ENTRY",
+                      (tag, ctype, op, enum, warp, slots, widest)) for op, enum in OPS.items()]
     if DTYPES[dtype][2] in STAGED_WARP_ITEMSIZES:
         out += [Entry(staged_warp_name(dtype, op, warp), "PS_STAGED_WARP_ENTRY",
                       (tag, ctype, op, enum, warp, vector_widths(dtype)[1])) for op, enum in OPS.items()]
@@ -583,6 +608,22 @@ def grad_finish_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_bwd_finish_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
 
+def grad_rows_pass_slots(dtype: str) -> list[int]:
+    """Slots a lane of the gradient's rows passes apart holds of dy and of y (a warp a row of 16-byte
+    slots): the forward's (rows_pass_slots), up to GRAD_MAX_SLOTS."""
+    return [s for s in rows_pass_slots(dtype) if s <= GRAD_MAX_SLOTS]
+
+
+def grad_rows_sums_name(dtype: str, op: str, warp: int, slots: int) -> str:
+    """The gradient of the sharded softmax's local rows that a warp holds, first pass: each row's sums."""
+    return f"ps_bwd_rows_sums_{DTYPES[dtype][0]}_{op}_w{warp}_s{slots}_v{vector_widths(dtype)[1]}"
+
+
+def grad_rows_finish_name(dtype: str, op: str, warp: int, slots: int) -> str:
+    """... second pass: each row finished with given sums."""
+    return f"ps_bwd_rows_finish_{DTYPES[dtype][0]}_{op}_w{warp}_s{slots}_v{vector_widths(dtype)[1]}"
+
+
 def grad_strided_name(dtype: str, op: str) -> str:
     return f"ps_bwd_strided_{DTYPES[dtype][0]}_{op}"
 
@@ -659,8 +700,8 @@ def grad_warp_free_entries(dtype: str) -> list[Entry]:
 
 
 def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
-    """The gradient kernels of one dtype at one warp size. The two-pass split's macro defines two
-    kernels (partials and finish): its Entry names the first."""
+    """The gradient kernels of one dtype at one warp size. The two-pass split's macros (and those of
+    the rows passes apart) define two kernels (partials or sums, and finish): each Entry names the first."""
     tag, ctype, _ = DTYPES[dtype]
     out = []
     for vec in vector_widths(dtype):
@@ -673,6 +714,10 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
                 out.append(Entry(grad_cached_name(dtype, op, warp, vec, True), "PS_GRAD_CACHED_WHOLE_ENTRY",
                                  (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
+    for op, enum in OPS.items():  # the passes apart of rows a warp holds: the macro defines both
+        out += [Entry(grad_rows_sums_name(dtype, op, warp, slots), "PS_GRAD_ROWS_PASSES_ENTRY",
+                      (tag, ctype, op, enum, warp, slots, vector_widths(dtype)[1]))
+                for slots in grad_rows_pass_slots(dtype)]
     for vec in grad_narrow_widths(dtype):
         for op in OPS:
             out += grad_rows_entries(dtype, op, warp, vec, grad_narrow_shapes(dtype, warp, vec))
@@ -688,6 +733,8 @@ def backward_catalogue(dtype: str, backend: str) -> set[str]:
     for warp in warps:
         names.update(e.name for e in grad_warp_entries(dtype, warp))
         names.update(grad_finish_name(dtype, op, warp, vec) for op in OPS for vec in vector_widths(dtype))
+        names.update(grad_rows_finish_name(dtype, op, warp, slots)
+                     for op in OPS for slots in grad_rows_pass_slots(dtype))
     return names
 
 

@@ -169,7 +169,8 @@ KERNEL_NAMES: dict[str, Callable[..., str]] = {
     "split_normalize_buffered": V.split_normalize_buffered_name,
     "split_normalize": V.split_normalize_name, "strided": V.strided_name, "strided_thread": V.strided_thread_name,
     "strided_cached": V.strided_cached_name, "strided_partials": V.strided_partials_name,
-    "strided_finish": V.strided_finish_name,
+    "strided_finish": V.strided_finish_name, "rows_partials": V.rows_partials_name,
+    "rows_finish": V.rows_finish_name,
 }
 
 
@@ -429,6 +430,9 @@ class Tuning:
     #: buffer: a short row a block of 512 threads would leave most of them without a load (the
     #: sharded softmax's local rows of a few thousand columns); 0: full blocks always
     split_stream_slots_per_thread: int = 4
+    #: the two passes apart (plan_split_passes) take rows a warp's registers hold a warp a row (the
+    #: rows regime's passes), and the split's only for longer rows
+    passes_rows_in_registers: bool = True
     #: chunks start on multiples of this many bytes from the row's first aligned slot, so that no
     #: warp access of a chunk spans a cache line more than it fills
     chunk_align_bytes: int = 256
@@ -1397,12 +1401,37 @@ def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
     return first_rule(ROW_RULES, rows).build(rows).resolve()
 
 
+def _rows_passes(r: _Rows) -> Draft | None:
+    """Rows a warp's registers hold, in two passes apart: a warp a row (lanes of a power of two of
+    16-byte slots each), its (m, d) written by the first pass and its outputs by the second from the
+    pair it then finds there; None where input and output rows misalign differently or are too long."""
+    t, p, device, warp = r.t, r.p, r.device, r.warp
+    widest = V.vector_widths(p.dtype)[1]
+    if not t.passes_rows_in_registers or choose_vec(p) != widest:
+        return None
+    needed = ceil(slots_needed(p, widest) / warp)
+    slots = next((s for s in V.rows_pass_slots(p.dtype) if s >= needed), None)
+    if slots is None:
+        return None
+    threads = max(V.WARP_TIER_THREADS, 2 * warp)
+    grid = _work_grid(ceil(p.rows / (threads // warp * V.warp_batch(p.dtype, slots, widest))), device)
+    xs, ys = p.strides()
+    head = (("ptr", "x"), ("ptr", "y"), ("ptr", "partials"), (I64, p.rows), (I64, p.cols), (I64, xs))
+    partials = Step(Kernel("rows_partials", (p.dtype, warp, slots)), grid, threads, 0,
+                    (head[0], *head[2:]), cut_to_one_wave=False)
+    finish = Step(Kernel("rows_finish", (p.dtype, p.op, warp, slots)), grid, threads, 0,
+                  (*head, (I64, ys), (I32, _safe(p))), cut_to_one_wave=False)
+    return Draft("warp", (partials, finish), scratch=(("partials", 2 * p.rows * r.compute_bytes),),
+                 notes={**r.notes(), "vec": widest, "slots": slots, "chunks": 1}, scratch_zeroed=False)
+
+
 def plan_split_passes(problem: RowProblem, device: DeviceProfile, tuning: Tuning | None = None) -> Plan:
-    """The two-pass split of contiguous rows, whatever their length, for a caller that combines each
-    row's pairs between the passes (the sharded softmax's collective): the first launch writes each
+    """The two passes apart over contiguous rows, whatever their length, for a caller that combines
+    each row's pairs between them (the sharded softmax's collective): the first launch writes each
     chunk's (m, d) to ``partials`` (rows x ``notes["chunks"]`` pairs, a row's chunks side by side), the
-    second normalises each chunk with the row's pairs as it then finds them there. One chunk a row
-    where the rows fill the device, more where they are few.
+    second normalises each chunk with the row's pairs as it then finds them there. Rows a warp's
+    registers hold take a warp each (one chunk a row, _rows_passes); longer ones the split, one chunk
+    a row where the rows fill the device, more where they are few.
 
     >>> p = plan_split_passes(RowProblem("bfloat16", "softmax", rows=2, cols=5_000_000), DeviceProfile.h100())
     >>> [launch.kernel for launch in p.launches], p.notes["chunks"] > 100
@@ -1413,7 +1442,8 @@ def plan_split_passes(problem: RowProblem, device: DeviceProfile, tuning: Tuning
     """
     _check_common(problem.dtype, problem.op, device)
     t = default_tuning(device) if tuning is None else tuning
-    return _two_pass_split(_Rows(t, problem, device)).resolve()
+    rows = _Rows(t, problem, device)
+    return (_rows_passes(rows) or _two_pass_split(rows)).resolve()
 
 
 def _sm_version(device: DeviceProfile) -> int:

@@ -101,6 +101,8 @@ class GradTuning:
     #: rows shorter than this many slots a thread of a full block stream in smaller blocks
     #: (planner.split_stream_threads; 0: full blocks always)
     split_stream_slots_per_thread: int = 4
+    #: the two passes apart take rows a warp holds a warp a row (planner.Tuning.passes_rows_in_registers)
+    passes_rows_in_registers: bool = True
     #: strided axes of up to this many rows take a thread per line of positions (strided_thread) ...
     strided_thread_short_cols: int = 64
     #: ... and so do axes of up to strided_thread_max_cols rows over at least
@@ -463,15 +465,41 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     return replace(the_plan, launches=(replace(launch, kernel=name, args=args),))
 
 
-def plan_split_passes(problem: GradRowProblem, device: DeviceProfile) -> Plan:
+def plan_split_passes(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning | None = None) -> Plan:
     """The two-pass split, whatever the rows' length, for a caller that combines each row's sums
     between the passes (the sharded softmax's all_reduce): the first launch writes each chunk's
     GradSum to ``sums`` (two doubles a chunk, a row's ``notes["chunks"]`` chunks side by side), the
-    second finishes each chunk from the row's sums as it then finds them there. One chunk a row
-    where the rows fill the device, more where they are few."""
+    second finishes each chunk from the row's sums as it then finds them there. Rows a warp holds take
+    a warp each (one chunk a row, _rows_passes); longer ones the split, one chunk a row where the rows
+    fill the device, more where they are few."""
     _check(problem.dtype, problem.op, device)
+    t = DEFAULT_GRAD_TUNING if tuning is None else tuning
     vec = grad_vector_width(problem, narrow=False)
-    return _split(DEFAULT_GRAD_TUNING, problem, device, _Shape(vec, grad_slots(problem, vec)))
+    return _rows_passes(t, problem, device, vec) or _split(t, problem, device, _Shape(vec, grad_slots(problem, vec)))
+
+
+def _rows_passes(t: GradTuning, p: GradRowProblem, device: DeviceProfile, vec: int) -> Plan | None:
+    """Rows a warp holds in two passes apart (the forward's planner._rows_passes): a warp a row, its
+    sums written by the first pass, dx by the second from the sums it then finds there; None where
+    dy, y and dx misalign differently or the rows are too long."""
+    if not t.passes_rows_in_registers or vec != V.vector_widths(p.dtype)[1]:
+        return None
+    warp = device.warp_size
+    needed = ceil(grad_slots(p, vec) / warp)
+    slots = next((s for s in V.grad_rows_pass_slots(p.dtype) if s >= needed), None)
+    if slots is None:
+        return None
+    threads = V.GRAD_ROWS_THREADS
+    grid = _work_grid(ceil(p.rows / (threads // warp)), device)
+    dys, ys, _ = p.row_strides()
+    sums = Launch(V.grad_rows_sums_name(p.dtype, p.op, warp, slots), grid, threads, 0,
+                  ((PTR, "dy"), (PTR, "y"), (PTR, "sums"), (I64, p.rows), (I64, p.cols), (I64, dys), (I64, ys)),
+                  cut_to_one_wave=False)
+    finish = Launch(V.grad_rows_finish_name(p.dtype, p.op, warp, slots), grid, threads, 0,
+                    ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), (PTR, "sums"), *_row_args(p), (I32, int(p.safe))),
+                    cut_to_one_wave=False)
+    return Plan("warp", (sums, finish), (("sums", p.rows * 2 * 8),),
+                notes={"chunks": 1, "slots": slots, "vec": vec}, scratch_zeroed=False)
 
 
 def plan_strided_passes(problem: GradStridedProblem, device: DeviceProfile) -> Plan:

@@ -496,8 +496,9 @@ template <typename T, int OP> struct GradientRows {
     view.g.load(k, held.a[s], held.b[s]);
   }
   template <int SLOTS, int VEC> PS_DEVICE void absent(Held<SLOTS, VEC>&, int) const {}
-  template <int WARP, int LANES, int SLOTS, int VEC>
-  PS_DEVICE Finish finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
+  // The row's GradSum over its group.
+  template <int LANES, int SLOTS, int VEC>
+  PS_DEVICE GradSum<C> total(const Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
     const View<VEC> view = this->row<VEC>(row, rows, cols);  // again, not held across the loads: fewer registers
     GradAccumulator<OP, C> acc;
 #pragma unroll
@@ -505,11 +506,49 @@ template <typename T, int OP> struct GradientRows {
       const i64 k = (i64)s * LANES + lane;
       if (k < view.slots) view.g.add(k, held.a[s], held.b[s], acc);
     }
-    return Finish(grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop), safe);
+    return grad_reduce_lanes<LANES>(acc.total, Backward<OP>::kTop);
+  }
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE Finish finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
+    return Finish(total<LANES>(held, lane, row, rows, cols), safe);
   }
   template <int SLOTS, int VEC>
   PS_DEVICE void store(const View<VEC>& view, i64 k, const Held<SLOTS, VEC>& held, int s, const Finish& f) const {
     view.g.store(k, held.a[s], held.b[s], f);
+  }
+};
+
+// The rows regime's two passes apart (the sharded softmax's local rows, as the forward's RowsPartials
+// and RowsFromPartials): the first writes each row's GradSum to sums[2 row] and [2 row + 1] (as
+// GradientSplit publishes a chunk's), the second finishes each row from the sums it then finds there.
+template <typename T, int OP> struct GradientRowsSums : GradientRows<T, OP> {
+  typedef typename compute_of<T>::type C;
+  template <int SLOTS, int VEC> using Held = typename GradientRows<T, OP>::template Held<SLOTS, VEC>;
+  template <int VEC> using View = typename GradientRows<T, OP>::template View<VEC>;
+  struct Written {};
+  double* sums;
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE Written finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64 cols) const {
+    const GradSum<C> total = this->template total<LANES>(held, lane, row, rows, cols);
+    if (lane == 0 && row < rows) {
+      sums[2 * row] = total.sum;
+      sums[2 * row + 1] = total.top;
+    }
+    return Written();
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const View<VEC>&, i64, const Held<SLOTS, VEC>&, int, Written) const {}
+};
+
+template <typename T, int OP> struct GradientRowsFromSums : GradientRows<T, OP> {
+  typedef typename compute_of<T>::type C;
+  typedef typename GradientRows<T, OP>::Finish Finish;
+  template <int SLOTS, int VEC> using Held = typename GradientRows<T, OP>::template Held<SLOTS, VEC>;
+  const double* sums;
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE Finish finish(Held<SLOTS, VEC>&, int, i64 row, i64 rows, i64) const {
+    const i64 r = row < rows ? row : 0;
+    return Finish(GradSum<C>{sums[2 * r], static_cast<C>(sums[2 * r + 1])}, this->safe);
   }
 };
 
@@ -979,6 +1018,24 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_GRAD_CACHED_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false)
 #define PS_GRAD_CACHED_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                              \
   PS_GRAD_CACHED_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true)
+
+// The rows regime's passes apart (GradientRowsSums, then GradientRowsFromSums): a warp a row.
+#define PS_GRAD_ROWS_PASSES_ENTRY(DT, T, OPN, OP, W, S, V)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradRowsThreads, (ps::grad_rows_min_blocks<T, V, false>(ps::kGradRowsThreads))) \
+      ps_bwd_rows_sums_##DT##_##OPN##_w##W##_s##S##_v##V(const T* dy, const T* y, double* sums, ps::i64 rows, \
+                                                         ps::i64 cols, ps::i64 dys, ps::i64 ys) {          \
+    ps::rows_in_registers<ps::GradientRowsSums<T, OP>, W, W, S, V, 1>(                                   \
+        ps::GradientRowsSums<T, OP>{{dy, y, (T*)0, dys, ys, 0, false}, sums}, rows, cols);               \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_rows_sums_##DT##_##OPN##_w##W##_s##S##_v##V)                                   \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradRowsThreads, (ps::grad_rows_min_blocks<T, V, false>(ps::kGradRowsThreads))) \
+      ps_bwd_rows_finish_##DT##_##OPN##_w##W##_s##S##_v##V(const T* dy, const T* y, T* dx, const double* sums, \
+                                                           ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 ys, \
+                                                           ps::i64 dxs, int safe) {                      \
+    ps::rows_in_registers<ps::GradientRowsFromSums<T, OP>, W, W, S, V, 1>(                               \
+        ps::GradientRowsFromSums<T, OP>{{dy, y, dx, dys, ys, dxs, safe != 0}, sums}, rows, cols);       \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_rows_finish_##DT##_##OPN##_w##W##_s##S##_v##V)
 
 #define PS_GRAD_SPLIT_ENTRY(DT, T, OPN, OP, W, V)                                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS(ps::kGradStreamThreads) ps_bwd_partials_##DT##_##OPN##_w##W##_v##V(    \

@@ -459,6 +459,60 @@ template <typename T, int OP> struct ForwardRows {
   }
 };
 
+// ---- rows in registers, two passes apart -----------------------------------------------------------
+// The sharded softmax's local rows, each a slice of a row whose other slices other ranks hold: the
+// first pass writes each row's (m, d), unnormalised, to partials[2 row] and [2 row + 1]; the caller
+// merges every rank's pairs; the second pass finishes each row from the (m, d) it then finds there.
+// A warp a row (LANES = WARP), ForwardRows's loads and layout otherwise.
+template <int LANES, int N, typename C> PS_DEVICE MD<C> md_in_registers(const C* v) {
+  C m = ps_neg_inf<C>();
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = ps_max_nan(m, v[j]);
+  m = max_over_lanes<LANES>(m);
+  const ExpMinus<C> exp_of(m == ps_neg_inf<C>() ? C(0) : m);  // a row of all -inf: (-inf, 0), the identity
+  C d = C(0);
+#pragma unroll
+  for (int j = 0; j < N; ++j) d += exp_of(v[j]);
+  return MD<C>{m, sum_over_lanes<LANES>(d)};
+}
+
+template <typename T> struct RowsPartials : ForwardRows<T, kSoftmax> {
+  typedef typename compute_of<T>::type C;
+  template <int SLOTS, int VEC> using Held = typename ForwardRows<T, kSoftmax>::template Held<SLOTS, VEC>;
+  struct Written {};
+  C* partials;
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE Written finish(Held<SLOTS, VEC>& held, int lane, i64 row, i64 rows, i64) const {
+    const MD<C> md = md_in_registers<LANES, SLOTS * VEC>(held.v);
+    if (lane == 0 && row < rows) {
+      partials[2 * row] = md.m;
+      partials[2 * row + 1] = md.d;
+    }
+    return Written();
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const RowSlots<T, VEC>&, i64, const Held<SLOTS, VEC>&, int, Written) const {}
+};
+
+template <typename T, int OP> struct RowsFromPartials : ForwardRows<T, OP> {
+  typedef typename compute_of<T>::type C;
+  template <int SLOTS, int VEC> using Held = typename ForwardRows<T, OP>::template Held<SLOTS, VEC>;
+  const C* partials;
+  template <int WARP, int LANES, int SLOTS, int VEC>
+  PS_DEVICE RowFinish<OP, T> finish(Held<SLOTS, VEC>&, int, i64 row, i64 rows, i64) const {
+    const i64 r = row < rows ? row : 0;
+    return RowFinish<OP, T>(MD<C>{partials[2 * r], partials[2 * r + 1]}, this->safe);
+  }
+  template <int SLOTS, int VEC>
+  PS_DEVICE void store(const RowSlots<T, VEC>& rs, i64 k, const Held<SLOTS, VEC>& held, int s,
+                       const RowFinish<OP, T>& f) const {
+    C v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = f(held.v[s * VEC + j]);
+    rs.store(k, v);
+  }
+};
+
 // ---- streaming a thread's slots of a row --------------------------------------
 // Slots begin + threadIdx, + blockDim, ... below end, DEPTH at a time, as stored
 // (no conversion): all DEPTH loads are issued before the first use, so a thread keeps
@@ -2455,6 +2509,24 @@ template <typename T, int VEC> constexpr int strided_cached_min_blocks() {
         ps::ForwardRows<T, OP>{x, y, xs, ys, safe != 0}, rows, cols);                                \
   }                                                                                                  \
   PS_EXPORT_KERNEL(ps_warp_##DT##_##OPN##_w##W##_l##L##_s##S##_v##V##_b1)
+
+// The rows regime's passes apart (RowsPartials, RowsFromPartials): a warp a row.
+#define PS_ROWS_PARTIALS_ENTRY(DT, T, W, S, V)                                                      \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_rows_partials_##DT##_w##W##_s##S##_v##V(                  \
+      const T* x, compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs) {           \
+    ps::rows_in_registers<ps::RowsPartials<T>, W, W, S, V, ps::WarpBatch<T, S, V>::rows>(            \
+        ps::RowsPartials<T>{{x, (T*)0, xs, 0, false}, partials}, rows, cols);                         \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_rows_partials_##DT##_w##W##_s##S##_v##V)
+
+#define PS_ROWS_FINISH_ENTRY(DT, T, OPN, OP, W, S, V)                                               \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS(256) ps_rows_finish_##DT##_##OPN##_w##W##_s##S##_v##V(            \
+      const T* x, T* y, const compute_of<T>::type* partials, ps::i64 rows, ps::i64 cols, ps::i64 xs, \
+      ps::i64 ys, int safe) {                                                                        \
+    ps::rows_in_registers<ps::RowsFromPartials<T, OP>, W, W, S, V, ps::WarpBatch<T, S, V>::rows>(    \
+        ps::RowsFromPartials<T, OP>{{x, y, xs, ys, safe != 0}, partials}, rows, cols);               \
+  }                                                                                                  \
+  PS_EXPORT_KERNEL(ps_rows_finish_##DT##_##OPN##_w##W##_s##S##_v##V)
 
 #define PS_BLOCK_ENTRY(DT, T, OPN, OP, W, V)                                                         \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kBlockTierThreads, ps::min_blocks<T>(ps::kBlockTierMinBlocks)) \

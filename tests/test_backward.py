@@ -32,6 +32,8 @@ from portable_softmax.planner_backward import (
     GradStridedProblem,
     GradTuning,
     _cached_blocks_per_multiprocessor,
+    grad_slots,
+    grad_vector_width,
     plan_backward,
     plan_backward_from_input,
     plan_split_passes,
@@ -984,8 +986,9 @@ def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dty
     """The gradient's two passes over a sharded softmax's local rows: rows shorter than four slots a
     thread of a full block take a block of about that many (at least 64 threads and a warp), a row
     each; longer rows keep full blocks."""
+    split_only = replace(DEFAULT_GRAD_TUNING, passes_rows_in_registers=False)
     for cols in (1, 100, 1000, 4096, 16384, 64128):
-        p = plan_split_passes(GradRowProblem(dtype, "softmax", 65536, cols), device)
+        p = plan_split_passes(GradRowProblem(dtype, "softmax", 65536, cols), device, split_only)
         slots, block = ceil(cols / p.notes["vec"]), p.launches[0].block
         assert all(launch.block == block for launch in p.launches), p
         if slots >= 4 * V.GRAD_STREAM_THREADS:
@@ -995,3 +998,32 @@ def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dty
             block == V.GRAD_STREAM_THREADS, (cols, block)
         assert block == max(64, device.warp_size) or block < slots <= 4 * block, (cols, slots, block)
         assert p.notes["chunks"] == 1, p.notes
+
+
+@pytest.mark.parametrize("device", PROFILES.values(), ids=PROFILES.keys())
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_gradient_passes_apart_take_rows_a_warp_holds_a_warp_a_row(device, dtype):
+    """The gradient's two passes apart take rows of up to GRAD_MAX_SLOTS 16-byte slots a lane (and the
+    forward's values a lane) a warp a row, in the fewest slots a lane that hold them, where dy, y and
+    dx share their offset in 16-byte vectors; others the split's passes."""
+    warp, widest = device.warp_size, V.vector_widths(dtype)[1]
+    built = V.grad_rows_pass_slots(dtype)
+    planned = set()
+    for cols in (1, 3, 37, 100, 256, 257, 1000, 1024, 2048, 4096):
+        for misaligns in ((0, 0, 0), (1, 1, 1), (1, 1, 0)):
+            problem = GradRowProblem(dtype, "softmax", 4096, cols, None, misaligns)
+            p = plan_split_passes(problem, device)
+            vec = grad_vector_width(problem, narrow=False)
+            slots = grad_slots(problem, widest)
+            if vec != widest or ceil(slots / warp) > built[-1]:
+                assert p.tier == "split", (cols, misaligns, p.tier)
+                continue
+            lane_slots = p.notes["slots"]
+            assert p.tier == "warp" and p.notes["chunks"] == 1 and lane_slots in built, (cols, p.notes)
+            assert lane_slots * warp >= slots and (lane_slots == 1 or lane_slots * warp < 2 * slots), (cols, lane_slots)
+            names = [V.grad_rows_sums_name(dtype, "softmax", warp, lane_slots),
+                     V.grad_rows_finish_name(dtype, "softmax", warp, lane_slots)]
+            assert [launch.kernel for launch in p.launches] == names
+            assert dict(p.scratch)["sums"] == 16 * 4096
+            planned.add(lane_slots)
+    assert planned == set(built), (planned, built)

@@ -473,12 +473,14 @@ def _offset_rows(t: torch.Tensor, offset: int) -> torch.Tensor:
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
-    """partials and finish given one merged (M, D) a row, by the split kernels: one chunk a row, and
-    (two long rows) several chunks a row whose pairs merge on the host side."""
+    """partials and finish given one merged (M, D) a row: rows a warp holds by the rows regime's
+    passes (a warp a row), longer ones by the split's, one chunk a row and (two long rows) several
+    chunks a row whose pairs merge on the host side; a finish whose output starts at another offset
+    in its vectors than its input by the split's too."""
     from portable_softmax import _sharded
     from portable_softmax.planner import RowProblem, plan_split_passes
 
-    math = _emulated_math(emulated[warp])
+    math, names = _counting(_emulated_math(emulated[warp]))
     torch_dtype = getattr(torch, dtype)
     assert plan_split_passes(RowProblem(dtype, "softmax", 2, 40000), math.profile).notes["chunks"] > 1
     for rows, cols, offset in ((5, 1000, 0), (3, 37, 1), (4, 3000, 3), (1, 5, 0), (2, 40000, 1)):
@@ -509,20 +511,33 @@ def test_kernel_math_matches_torch_math(emulated, warp, dtype, rng):
         for op, filled in (("softmax", 0.0), ("log_softmax", NEG_INF)):
             assert math.finish(empty, empty_m, empty_d, op, False, 1).isnan().all()
             assert (math.finish(empty, empty_m, empty_d, op, True, 1) == filled).all()
+    assert names.saw("ps_rows_partials_", "ps_rows_finish_", "ps_split_partials_", "ps_split_normalize_"), names.seen
 
 
 # ---- the gradient's local steps by the kernels (KernelMath), against torch operations --------------
 GRAD_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
+class _Names(list):
+    """The kernel names launched since the list was last cleared, and (``seen``) every one launched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def saw(self, *prefixes: str) -> bool:
+        return all(any(name.startswith(prefix) for name in self.seen) for prefix in prefixes)
+
+
 def _counting(math):
     """A KernelMath like ``math`` whose launches are recorded (kernel names), to tell the kernels ran."""
     from portable_softmax import _sharded
 
-    names: list[str] = []
+    names = _Names()
 
     def launch(plan, dtype, buffers):
         names.extend(step.kernel for step in plan.launches)
+        names.seen.update(step.kernel for step in plan.launches)
         math.launch(plan, dtype, buffers)
 
     return _sharded.KernelMath(math.profile, launch), names
@@ -556,8 +571,9 @@ def _rows_of(t: torch.Tensor, axis: int) -> torch.Tensor:
     return t.movedim(axis, -1).reshape(-1, t.shape[axis])
 
 
-#: the kernels each step must launch: the row split's, or the strided passes'
-ROW_STEPS = (("ps_bwd_partials_",), ("ps_bwd_finish_",))
+#: the kernels each step must launch: the row split's or the rows regime's (a warp a row), or the
+#: strided passes'
+ROW_STEPS = (("ps_bwd_partials_", "ps_bwd_rows_sums_"), ("ps_bwd_finish_", "ps_bwd_rows_finish_"))
 STRIDED_STEPS = (("ps_bwd_strided_sums_",), ("ps_bwd_strided_finish_",))
 
 
@@ -616,15 +632,17 @@ def _check_grad_steps(math, names: list[str], dy, y, empty, op: str, what: str, 
 
 def _grad_shapes():
     """(rows, cols, offset of dy, offset of y): the widths of the brief, aligned and not (dy and y at
-    different offsets take scalar slots)."""
-    return [(5, 1000, 0, 0), (6, 7, 1, 1), (3, 1, 0, 0), (5, 50257, 3, 3), (2, 1000, 1, 2), (7, 7, 0, 0)]
+    different offsets take scalar slots), and rows a warp holds in every dtype (256)."""
+    return [(5, 1000, 0, 0), (6, 7, 1, 1), (3, 1, 0, 0), (5, 50257, 3, 3), (2, 1000, 1, 2), (7, 7, 0, 0),
+            (5, 256, 0, 0)]
 
 
 @pytest.mark.parametrize("warp", ["emu32", "emu64"])
 @pytest.mark.parametrize("dtype", GRAD_DTYPES)
 def test_kernel_math_gradient_matches_torch_math(emulated, warp, dtype, rng):
-    """grad_dot by the gradient's split partials and grad_finish by its finish (the row total as the
-    first chunk's pair), in the SIMT emulation at warp 32 and 64; rows of 50257 take several chunks."""
+    """grad_dot and grad_finish (the row total given) by the rows regime's passes where a warp holds
+    the rows, else by the split's (the total as the first chunk's pair), in the SIMT emulation at warp
+    32 and 64; rows of 50257 take several chunks."""
     from portable_softmax.planner_backward import GradRowProblem, plan_split_passes
 
     math, names = _counting(_emulated_math(emulated[warp]))
@@ -635,6 +653,7 @@ def test_kernel_math_gradient_matches_torch_math(emulated, warp, dtype, rng):
             dy, y, empty = _grad_case(rng, op, getattr(torch, dtype), rows, cols, "cpu")
             dy, y = _offset_rows(dy, dy_at), _offset_rows(y, y_at)
             _check_grad_steps(math, names, dy, y, empty, op, f"{warp} {dtype} {op} {rows}x{cols}+{dy_at},{y_at}")
+    assert names.saw("ps_bwd_rows_sums_", "ps_bwd_rows_finish_", "ps_bwd_partials_", "ps_bwd_finish_"), names.seen
 
 
 def _across(t: torch.Tensor, outer: int, inner: int) -> torch.Tensor:

@@ -1302,12 +1302,13 @@ def test_two_pass_split_buffers_its_chunks_where_copies_are_asynchronous(device,
                          ids=lambda d: d.arch)
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dtype):
-    """A sharded softmax's local rows of a few thousand columns take the split's passes a row a block:
+    """Local rows of a sharded softmax of a few thousand columns take the split's passes a row a block:
     each block about four slots a thread (at least 64 threads and a warp), streamed, and enough of
     them to fill every multiprocessor's threads; rows of a full block's slots keep full blocks."""
     most = min(device.max_threads_per_block, 512)
+    split_only = replace(planner.default_tuning(device), passes_rows_in_registers=False)
     for cols in (1, 100, 256, 1000, 1024, 4096, 8192, 16384, 64128):
-        p = planner.plan_split_passes(RowProblem(dtype, "softmax", 65536, cols), device)
+        p = planner.plan_split_passes(RowProblem(dtype, "softmax", 65536, cols), device, split_only)
         slots = ceil(cols / p.notes["vec"])
         if slots >= 4 * most:  # full blocks (or the buffered passes' own)
             assert all(launch.block in (most, T.split_buffer_threads) for launch in p.launches), (cols, p)
@@ -1319,3 +1320,32 @@ def test_two_pass_split_of_short_rows_takes_blocks_sized_to_the_rows(device, dty
         assert p.notes["chunks"] == 1 and all("_buffered_" not in launch.kernel for launch in p.launches)
         resident = device.multiprocessors * device.max_threads_per_multiprocessor
         assert all(launch.grid * block >= resident for launch in p.launches), (cols, p)
+
+
+@pytest.mark.parametrize("device", [PROFILES["h100"], ADA, PROFILES["mi300x"], PROFILES["rdna3"]], ids=lambda d: d.arch)
+@pytest.mark.parametrize("dtype", V.DTYPES)
+def test_passes_apart_take_rows_a_warp_holds_a_warp_a_row(device, dtype):
+    """The two passes apart (a sharded softmax's local rows) take rows of up to the register tier's
+    values a lane a warp a row, in the fewest slots a lane that hold them (built for every such count),
+    when input and output rows share their offset in 16-byte vectors; longer rows, and rows whose
+    output starts at another offset, the split's passes."""
+    warp, widest = device.warp_size, V.vector_widths(dtype)[1]
+    built = V.rows_pass_slots(dtype)
+    planned = set()
+    for cols in (1, 3, 37, 100, 256, 257, 1000, 1024, 2048, 4096):
+        for misaligns in ((0, 0), (1, 1), (1, 0)):
+            problem = RowProblem(dtype, "log_softmax", 4096, cols, None, None, *misaligns)
+            p = planner.plan_split_passes(problem, device)
+            slots = planner.slots_needed(problem, widest)
+            if planner.choose_vec(problem) != widest or ceil(slots / warp) > built[-1]:
+                assert p.tier == "split", (cols, misaligns, p.tier)
+                continue
+            lane_slots = p.notes["slots"]
+            assert p.tier == "warp" and p.notes["chunks"] == 1 and lane_slots in built, (cols, p.notes)
+            assert lane_slots * warp >= slots and (lane_slots == 1 or lane_slots * warp < 2 * slots), (cols, lane_slots)
+            names = [V.rows_partials_name(dtype, warp, lane_slots),
+                     V.rows_finish_name(dtype, "log_softmax", warp, lane_slots)]
+            assert [launch.kernel for launch in p.launches] == names
+            assert dict(p.scratch)["partials"] == 2 * 4096 * (8 if dtype == "float64" else 4)
+            planned.add(lane_slots)
+    assert planned == set(built), (planned, built)
