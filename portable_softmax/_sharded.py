@@ -174,6 +174,18 @@ def _layout(t: Tensor, axis: int):
     return describe(tuple(t.shape), tuple(t.stride()), axis)
 
 
+def _collapsed(t: Tensor, axis: int) -> Tensor:
+    """t, or a contiguous copy of it where it has the kernels' dtype but its dimensions collapse to
+    none of their layouts (a permuted view's, say): the copy costs one read and one write of t, which
+    torch operations in the kernels' place would take several of."""
+    from ._dtypes import SUPPORTED
+    from .layout import describe
+
+    if t.numel() == 0 or _dtype(t) not in SUPPORTED or describe(tuple(t.shape), tuple(t.stride()), axis):
+        return t
+    return t.contiguous()
+
+
 def _layouts(tensors, axis: int) -> list | None:
     """The kernels' views of ``tensors`` (_layout), all of one kind: where some are rows and others
     not, every one as a strided view (rows as an axis of inner size 1); None where one has none."""
@@ -197,9 +209,11 @@ def _dtype(t: Tensor) -> str:
 
 
 class KernelMath(TorchMath):
-    """The local steps by the package's kernels, on any tensor whose dimensions collapse to the
-    kernels' layouts (the merge of the gathered pairs, and other tensors, as TorchMath): rows along
-    the axis take the row split's two passes, other axes the strided tiers' passes apart.
+    """The local steps by the package's kernels, on any tensor of their dtypes (the merge of the
+    gathered pairs, and empty tensors and others, as TorchMath): rows along the axis take the rows
+    regime's passes apart where a warp holds them, else the row split's two passes, other axes the
+    strided tiers' passes apart; a view whose dimensions collapse to none of those layouts is copied
+    contiguous first.
 
     Both take their launches from the planners' ``plan_split_passes`` / ``plan_strided_passes``. The
     row split cuts a row into one chunk where the rows fill the device, several where they are few
@@ -258,6 +272,7 @@ class KernelMath(TorchMath):
     def partials(self, x: Tensor, axis: int) -> tuple[Tensor, Tensor]:
         import torch
 
+        x = _collapsed(x, axis)
         passes = self._forward_passes(x, axis, x, "softmax", False)
         if passes is None:
             return super().partials(x, axis)
@@ -274,6 +289,7 @@ class KernelMath(TorchMath):
     def finish(self, x: Tensor, m: Tensor, d: Tensor, op: str, safe: bool, axis: int) -> Tensor:
         import torch
 
+        x = _collapsed(x, axis)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
         passes = self._forward_passes(x, axis, y, op, safe)
         if passes is None:
@@ -320,6 +336,7 @@ class KernelMath(TorchMath):
     def grad_dot(self, dy: Tensor, y: Tensor, op: str, axis: int) -> Tensor:
         import torch
 
+        dy, y = _collapsed(dy, axis), _collapsed(y, axis)
         passes = self._grad_passes(op, dy, y, dy, axis)
         if passes is None:
             return super().grad_dot(dy, y, op, axis)
@@ -338,6 +355,7 @@ class KernelMath(TorchMath):
                     empty: Tensor | None = None) -> Tensor:
         import torch
 
+        dy, y = _collapsed(dy, axis), _collapsed(y, axis)
         dx = torch.empty_like(y, memory_format=torch.contiguous_format)
         safe = empty is not None and op == "log_softmax"
         passes = self._grad_passes(op, dy, y, dx, axis, safe)

@@ -695,10 +695,10 @@ def test_kernel_math_gradient_of_a_strided_axis(emulated, warp, dtype, rng):
                               f"{warp} {dtype} {op} {outer}x{cols}x{inner}+{dy_at},{y_at}", 1, STRIDED_STEPS)
 
 
-def test_kernel_math_takes_any_view_and_falls_back_where_none_fits(emulated):
+def test_kernel_math_takes_any_view(emulated):
     """An incoming gradient of stride 0 (an expanded one, as sum() gives) beside a contiguous y takes the
-    strided passes; dimensions that collapse to no (outer, cols, inner) view run torch operations. Both
-    give the same float64 row sums."""
+    strided passes; views whose dimensions collapse to no (outer, cols, inner) layout are copied
+    contiguous and take the kernels too. Each gives what torch operations give."""
     from portable_softmax import _sharded
 
     math, names = _counting(_emulated_math(emulated["emu32"]))
@@ -710,12 +710,22 @@ def test_kernel_math_takes_any_view_and_falls_back_where_none_fits(emulated):
     assert torch.allclose(dx, _sharded.TORCH.grad_finish(dy, y, s, "softmax", 1))
     names.clear()
     tangled = torch.randn(4, 3, 9).permute(1, 0, 2)  # (3, 4, 9) whose outer dimensions do not collapse
+    before = tangled.clone()
     m, d = math.partials(tangled, 2)
     want_m, want_d = _sharded.TORCH.partials(tangled, 2)
-    assert not names and torch.equal(m, want_m) and torch.allclose(d, want_d)
+    assert names and torch.equal(m, want_m) and torch.allclose(d, want_d), names
+    names.clear()
+    y = math.finish(tangled, m, d, "log_softmax", False, 2)
+    assert names and torch.allclose(y, torch.log_softmax(tangled, 2), atol=1e-6), names
+    assert y.shape == tangled.shape and torch.equal(tangled, before)
+    names.clear()
     yt = torch.log_softmax(torch.randn(9, 4, 3, dtype=torch.float64), 0).permute(0, 2, 1)
     s0 = math.grad_dot(torch.ones(9, 3, 4, dtype=torch.float64), yt, "log_softmax", 0)
-    assert not names and torch.equal(s0, torch.full((3, 4), 9.0, dtype=torch.float64))
+    assert names and torch.allclose(s0, torch.full((3, 4), 9.0, dtype=torch.float64)), names
+    names.clear()
+    dyt = torch.randn(9, 4, 3, dtype=torch.float64).permute(0, 2, 1)
+    dx0 = math.grad_finish(dyt, yt, s0, "log_softmax", 0)
+    assert names and torch.allclose(dx0, _sharded.TORCH.grad_finish(dyt, yt, s0, "log_softmax", 0)), names
 
 
 #: (outer, cols, inner, offset) of the forward's strided passes, as STRIDED_GRAD_SHAPES
