@@ -704,8 +704,9 @@ def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
     for device in BUILT_PROFILES[backend]:
         for problem in _witness_problems(dtype):
             plans = [plan_backward(problem, device)]
-            if isinstance(problem, GradRowProblem):  # and dx from x, where a row is held in registers
-                plans.append(plan_backward_from_input(problem, device))
+            if isinstance(problem, GradRowProblem):  # dx from x, where a row is held in registers, and
+                plans.append(plan_backward_from_input(problem, device))  # the passes apart (a sharded axis)
+                plans.append(plan_split_passes(problem, device))
             else:  # and its passes apart (an axis sharded across ranks)
                 plans.append(plan_strided_passes(problem, device))
             names = {launch.kernel for p in plans if p is not None for launch in p.launches}

@@ -1193,8 +1193,11 @@ def test_built_kernels_are_the_plannable_ones(backend, dtype):
     for device in BUILT_PROFILES[backend]:
         for problem in _witness_problems(dtype):
             plans = [plan(problem, device)]
-            if isinstance(problem, StridedProblem):  # and its passes apart (an axis sharded across ranks)
+            # and its passes apart (an axis sharded across ranks)
+            if isinstance(problem, StridedProblem):
                 plans.append(planner.plan_strided_passes(problem, device))
+            else:
+                plans.append(planner.plan_split_passes(problem, device))
             names = {launch.kernel for p in plans for launch in p.launches}
             assert names <= built, (device.name, problem, names - built)
             planned |= names
