@@ -1402,9 +1402,9 @@ def _plan_rows(t: Tuning, p: RowProblem, device: DeviceProfile) -> Plan:
 
 
 def _rows_passes(r: _Rows) -> Draft | None:
-    """Rows a warp's registers hold, in two passes apart: a warp a row (lanes of a power of two of
-    16-byte slots each), its (m, d) written by the first pass and its outputs by the second from the
-    pair it then finds there; None where input and output rows misalign differently or are too long."""
+    """Rows a warp's registers hold, in two passes apart: a warp a row, each lane a power of two of
+    16-byte slots, its (m, d) written by the first pass and its outputs by the second from the pair it
+    then finds there; None where input and output rows misalign differently or are too long."""
     t, p, device, warp = r.t, r.p, r.device, r.warp
     widest = V.vector_widths(p.dtype)[1]
     if not t.passes_rows_in_registers or choose_vec(p) != widest:

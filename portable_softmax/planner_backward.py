@@ -466,8 +466,8 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning | None = None) -> Plan:
-    """The two-pass split, whatever the rows' length, for a caller that combines each row's sums
-    between the passes (the sharded softmax's all_reduce): the first launch writes each chunk's
+    """The two passes apart over contiguous rows, whatever their length, for a caller that combines
+    each row's sums between them (the sharded softmax's all_reduce): the first launch writes each chunk's
     GradSum to ``sums`` (two doubles a chunk, a row's ``notes["chunks"]`` chunks side by side), the
     second finishes each chunk from the row's sums as it then finds them there. Rows a warp holds take
     a warp each (one chunk a row, _rows_passes); longer ones the split, one chunk a row where the rows
