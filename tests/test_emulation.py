@@ -1010,6 +1010,9 @@ def test_two_pass_split_through_a_buffer_in_shared_memory(request, async_planner
     cache_slots = 3 * 64  # three slots a thread of two warps
     tune_defaults(monkeypatch, split_buffer_bytes=cache_slots * 16)
     tune_defaults(monkeypatch, split_buffer_threads=64)
+    # full blocks over these rows of a few hundred slots, as longer rows take them (shorter rows
+    # otherwise take a warp a row, or blocks sized to them that stream: tests/test_planner.py)
+    tune_defaults(monkeypatch, split_stream_slots_per_thread=0, passes_rows_in_registers=False)
     plan.cache_clear()
     pieces_seen, chunks_seen = set(), set()
     for rows, cols in ((7, 2 * cache_slots * vec + 3), (2, 5000 * vec + 1), (3, 200)):
