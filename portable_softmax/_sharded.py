@@ -178,6 +178,8 @@ def _collapsed(t: Tensor, axis: int) -> Tensor:
     """t, or a contiguous copy of it where it has the kernels' dtype but its dimensions collapse to
     none of their layouts (a permuted view's, say): the copy costs one read and one write of t, which
     torch operations in the kernels' place would take several of."""
+    if t.is_contiguous():  # every step's common case, and always a layout of the kernels
+        return t
     from ._dtypes import SUPPORTED
     from .layout import describe
 
