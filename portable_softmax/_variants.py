@@ -600,6 +600,19 @@ def grad_cached_name(dtype: str, op: str, warp: int, vec: int, whole: bool = Fal
     return f"ps_bwd_{kind}_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
 
 
+def grad_cached_from_input_name(dtype: str, op: str, warp: int, vec: int) -> str:
+    """The on-chip split's gradient from the forward's input x (and dy): each chunk's max of x and
+    its sums, merged across the row's blocks (backward.cuh grad_split_cached, FROM_INPUT)."""
+    return f"ps_bwd_from_input_cached_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
+
+
+def grad_cached_from_input_built(dtype: str, vec: int) -> bool:
+    """Whether the on-chip split's gradient from x is built at ``vec``: 16-byte slots alone, whose
+    16-bit kernels take whole rows alone (as grad_from_input_shapes' rows; the planner plans them
+    for no other rows)."""
+    return vec == vector_widths(dtype)[1]
+
+
 def grad_partials_name(dtype: str, op: str, warp: int, vec: int) -> str:
     return f"ps_bwd_partials_{DTYPES[dtype][0]}_{op}_w{warp}_v{vec}"
 
@@ -712,6 +725,9 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
                              (*head, GRAD_CACHED_SLOTS, vec)))
             if whole_16_bit(dtype, vec, True):
                 out.append(Entry(grad_cached_name(dtype, op, warp, vec, True), "PS_GRAD_CACHED_WHOLE_ENTRY",
+                                 (*head, GRAD_CACHED_SLOTS, vec)))
+            if grad_cached_from_input_built(dtype, vec):
+                out.append(Entry(grad_cached_from_input_name(dtype, op, warp, vec), "PS_GRAD_CACHED_FROM_INPUT_ENTRY",
                                  (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
     for op, enum in OPS.items():  # the passes apart of rows a warp holds: the macro defines both

@@ -434,12 +434,12 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
                              tuning: GradTuning = DEFAULT_GRAD_TUNING) -> Plan | None:
     """The launch that computes dx from dy and the forward's input x in one read of each, where the
     gradient's plan holds a row in registers (a group of lanes, a warp or a block a row, one row a
-    step): the kernel takes the row's max and sums from x and finishes as from y = softmax(x).
-    ``problem`` describes dy, x and dx (its y strides and misalignment are x's); the launch reads
-    buffers "dy" and "x" and writes "dx". None where no such kernel is built
-    (V.grad_from_input_shapes: rows the split regimes take; rows of one float32 column, whose groups
-    take several rows a step; 16-bit rows other than whole ones in 16-byte slots): compute y first
-    there.
+    step) or on chip (the on-chip split, its chunks in registers): the kernel takes the row's max and
+    sums from x and finishes as from y = softmax(x). ``problem`` describes dy, x and dx (its y strides
+    and misalignment are x's); the launch reads buffers "dy" and "x" and writes "dx". None where no
+    such kernel is built (V.grad_from_input_shapes, V.grad_cached_from_input_built: rows the two-pass
+    split takes; rows of one float32 column, whose groups take several rows a step; 16-bit rows other
+    than whole ones in 16-byte slots; rows of scalar slots): compute y first there.
 
     >>> from portable_softmax.planner import DeviceProfile
     >>> p = plan_backward_from_input(GradRowProblem("float32", "softmax", 8192, 8192), DeviceProfile.h100())
@@ -451,10 +451,12 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     if not the_plan.launches:
         return the_plan
     notes = the_plan.notes
-    if the_plan.tier not in ("warp", "block"):
+    if the_plan.tier not in ("warp", "block", "cached"):
         return None
     if V.DTYPES[problem.dtype][2] == 2 and not whole_rows(problem, notes["vec"]):
         return None
+    if the_plan.tier == "cached":
+        return _cached_from_input(problem, device, the_plan)
     if (notes["lanes"], notes["slots"]) not in V.grad_from_input_shapes(problem.dtype, device.warp_size,
                                                                          notes["vec"]):
         return None
@@ -463,6 +465,19 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
                                        notes["vec"])
     args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
     return replace(the_plan, launches=(replace(launch, kernel=name, args=args),))
+
+
+def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, the_plan: Plan) -> Plan | None:
+    """The on-chip split's gradient from x, in the launch shape of its gradient from y: each chunk
+    publishes three doubles (its max of x, and its sums relative to it: InputChunk) where the
+    gradient from y publishes two."""
+    if not V.grad_cached_from_input_built(problem.dtype, the_plan.notes["vec"]):
+        return None
+    launch = the_plan.launches[0]
+    name = V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, the_plan.notes["vec"])
+    args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
+    scratch = (("sums", problem.rows * the_plan.notes["chunks"] * 3 * 8), ("arrivals", problem.rows * 4))
+    return replace(the_plan, launches=(replace(launch, kernel=name, args=args),), scratch=scratch)
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning | None = None) -> Plan:

@@ -157,9 +157,9 @@ template <typename T, int VEC> struct GradRow {
     const i64 at = edge_at(e);
     if (at >= 0) acc.add(to_compute(dy[at]), to_compute(y[at]));
   }
-  template <typename F> PS_DEVICE void store_edge(int e, const F& f) const {
+  template <typename F, typename YOf = YAsStored> PS_DEVICE void store_edge(int e, const F& f, const YOf& y_of = YOf()) const {
     const i64 at = edge_at(e);
-    if (at >= 0) dx[at] = from_compute<T>(f(to_compute(dy[at]), to_compute(y[at])));
+    if (at >= 0) dx[at] = from_compute<T>(f(to_compute(dy[at]), y_of(to_compute(y[at]))));
   }
   // Elements outside the row read as 0 (the callers skip them). whole: the caller knows every slot of
   // the row is full (then slot k is, without a test of its own).
@@ -640,19 +640,77 @@ template <typename T_, int OP> struct GradientShortRows {
 // Every slot is taken whole (one path a slot, a 16-bit slot's terms summed in float as grad_rows_of's
 // whole rows); the partial slots at a row's two ends are its edge elements, which chunk 0's threads
 // take one each (GradRow::edge_at). WHOLE: rows of whole slots alone, so no edge code.
+// FROM_INPUT: y holds the forward's input x. A chunk publishes its max of x and its sums relative to
+// it (input_chunk_sums), which warp 0 merges as (m, d) pairs merge; each element's y is then the
+// forward's finish of x (YFromInput), as in the rows held in registers (InputRow).
 const int kGradCachedThreads = 256;  // a chunk of the on-chip split (the launch bound)
 
-template <typename T, int OP, int WARP, int SLOTS, int VEC, bool WHOLE = false>
+// A chunk's part of the gradient from x: max over its x, the sum of exp(x - max), and the gradient's
+// sum relative to that max (of dy exp(x - max) for softmax, of dy for log_softmax), over the block.
+template <typename C> struct InputChunk {
+  C top, d;
+  double grad;
+};
+
+template <int OP, int WARP, int SLOTS, bool WHOLE, typename T, int VEC>
+PS_DEVICE InputChunk<typename compute_of<T>::type> input_chunk_sums(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy, const Vec<T, VEC>* x,
+                                               i64 begin, int edge) {
+  typedef typename compute_of<T>::type C;
+  typedef typename type_if<kWide16Bit<T, VEC>, C, double>::type Part;  // as InputRow's
+  auto taken = [&](i64 k) { return WHOLE ? k < g.slots : g.full(k); };
+  const i64 at = g.edge_at(edge);
+  const C edge_x = at >= 0 ? to_compute(g.y[at]) : ps_neg_inf<C>();
+  C top = edge_x;
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    if (!taken(begin + (i64)s * PS_BLOCK_DIM_X)) continue;
+    C v[VEC];
+    widen(x[s], v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) top = ps_max_nan(top, v[j]);
+  }
+  top = max_over_block<WARP>(top);
+  const ExpMinus<C> exp_minus(top == ps_neg_inf<C>() ? C(0) : top);
+  InputSums<C> sums = {0.0, C(0)};
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    if (!taken(begin + (i64)s * PS_BLOCK_DIM_X)) continue;
+    C dv[VEC], v[VEC];
+    widen(dy[s], dv);
+    widen(x[s], v);
+    Part part = Part(0);
+    C d = C(0);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const C e = exp_minus(v[j]);
+      d += e;
+      part += static_cast<Part>(OP == kSoftmax ? dv[j] * e : dv[j]);
+    }
+    sums.grad += static_cast<double>(part);
+    sums.d += d;
+  }
+  if (at >= 0) {
+    const C e = exp_minus(edge_x), dv = to_compute(g.dy[at]);
+    sums.d += e;
+    sums.grad += static_cast<double>(OP == kSoftmax ? dv * e : dv);
+  }
+  sums = sums_over_block<WARP>(sums);
+  return InputChunk<C>{top, sums.d, sums.grad};
+}
+
+template <typename T, int OP, int WARP, int SLOTS, int VEC, bool WHOLE = false, bool FROM_INPUT = false>
 PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
                                  unsigned* arrivals, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, i64 chunks,
                                  int safe) {
   typedef typename compute_of<T>::type C;
   typedef Vec<T, VEC> Slot;
+  typedef typename type_if<FROM_INPUT, YFromInput<OP, T>, YAsStored>::type YOf;
   constexpr bool kPrefetch = kAsyncSlots<T, VEC>;
   constexpr int kStaged = kPrefetch ? SLOTS * kGradCachedThreads : 1;
+  constexpr int kFields = FROM_INPUT ? 3 : 2;  // doubles a chunk publishes: (sum, top), or InputChunk's
   PS_SHARED_COPY_TARGET(Slot, next_dy, kStaged);
   PS_SHARED_COPY_TARGET(Slot, next_y, kStaged);
-  PS_SHARED double row_total[2];
+  PS_SHARED double row_total[kFields];
   const i64 rows_per_round = PS_GRID_DIM_X / chunks;
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
@@ -672,44 +730,86 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
     const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
     const i64 next_row = row + rows_per_round;
-    GradAccumulator<OP, C> acc;
+    volatile double* published = sums + kFields * row * chunks;
+    if constexpr (FROM_INPUT) {
+      const InputChunk<C> part = input_chunk_sums<OP, WARP, SLOTS, WHOLE>(g, a, b, begin, edge_of_thread);
+      if (PS_THREAD_X == 0) {
+        published[3 * chunk] = part.top;
+        published[3 * chunk + 1] = part.d;
+        published[3 * chunk + 2] = part.grad;
+      }
+    } else {
+      GradAccumulator<OP, C> acc;
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (WHOLE ? k < g.slots : g.full(k)) g.template add<OP, kWide16Bit<T, VEC>>(k, a[s], b[s], acc, true);
+      for (int s = 0; s < SLOTS; ++s) {
+        const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
+        if (WHOLE ? k < g.slots : g.full(k)) g.template add<OP, kWide16Bit<T, VEC>>(k, a[s], b[s], acc, true);
+      }
+      g.add_edge(edge_of_thread, acc);
+      const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
+      if (PS_THREAD_X == 0) {
+        published[2 * chunk] = part.sum;
+        published[2 * chunk + 1] = part.top;
+      }
     }
-    g.add_edge(edge_of_thread, acc);
-    const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
-    volatile double* published = sums + 2 * row * chunks;
     if (PS_THREAD_X == 0) {
-      published[2 * chunk] = part.sum;
-      published[2 * chunk + 1] = part.top;
       PS_THREAD_FENCE();  // the pair visible before the arrival is counted
       arrive_and_wait(arrivals + row, chunks);
       // Every block of this row has arrived, so each has read the previous row's sums: this block's
       // pair of that row, and (chunk 0) its count, go back to zero.
       if (row >= rows_per_round) {
-        volatile double* previous = sums + 2 * (row - rows_per_round) * chunks;
-        previous[2 * chunk] = 0.0;
-        previous[2 * chunk + 1] = 0.0;
+        volatile double* previous = sums + kFields * (row - rows_per_round) * chunks;
+#pragma unroll
+        for (int field = 0; field < kFields; ++field) previous[kFields * chunk + field] = 0.0;
         if (chunk == 0) arrivals[row - rows_per_round] = 0u;
       }
     }
     PS_SYNC();
     if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
-      GradSum<C> total = grad_identity<C>();
-      for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
-        total = grad_combine(total, GradSum<C>{published[2 * c], static_cast<C>(published[2 * c + 1])});
-      }
-      total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
-      if (PS_THREAD_X == 0) {
-        row_total[0] = total.sum;
-        row_total[1] = total.top;
+      if constexpr (FROM_INPUT) {
+        // the chunks' sums rescaled to the row's max, as (m, d) pairs merge
+        C top = ps_neg_inf<C>();
+        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) top = ps_max_nan(top, static_cast<C>(published[3 * c]));
+        top = max_over_lanes<WARP>(top);
+        const ExpMinus<C> exp_minus(top == ps_neg_inf<C>() ? C(0) : top);
+        double grad = 0.0;
+        C d = C(0);
+        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
+          const C scale = exp_minus(static_cast<C>(published[3 * c]));
+          d += static_cast<C>(published[3 * c + 1]) * scale;
+          grad += OP == kSoftmax ? published[3 * c + 2] * static_cast<double>(scale) : published[3 * c + 2];
+        }
+        grad = sum_over_lanes<WARP>(grad);
+        d = sum_over_lanes<WARP>(d);
+        if (PS_THREAD_X == 0) {
+          row_total[0] = grad;
+          row_total[1] = top;
+          row_total[2] = d;
+        }
+      } else {
+        GradSum<C> total = grad_identity<C>();
+        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
+          total = grad_combine(total, GradSum<C>{published[2 * c], static_cast<C>(published[2 * c + 1])});
+        }
+        total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
+        if (PS_THREAD_X == 0) {
+          row_total[0] = total.sum;
+          row_total[1] = total.top;
+        }
       }
     }
     PS_SYNC();
-    const typename Backward<OP>::template Finish<C> f(GradSum<C>{row_total[0], static_cast<C>(row_total[1])},
-                                                      safe != 0);
+    YOf y_of;
+    GradSum<C> total{row_total[0], static_cast<C>(row_total[1])};
+    if constexpr (FROM_INPUT) {
+      // as InputRow: softmax's sum(dy y) = sum(dy e) / d; the top tells log_softmax's finish a NaN row
+      // and a safe empty one
+      const C top = total.top, d = static_cast<C>(row_total[2]);
+      y_of = YOf{RowFinish<OP, T>(MD<C>{d == C(0) ? ps_neg_inf<C>() : top, d}, safe != 0)};
+      total.sum = OP == kSoftmax ? (d > C(0) ? total.sum / static_cast<double>(d) : 0.0) : total.sum;
+      total.top = top != top ? top : (d == C(0) ? ps_neg_inf<C>() : C(0));
+    }
+    const typename Backward<OP>::template Finish<C> f(total, safe != 0);
     PS_SYNC();  // row_total is written again for the next row
 #if PS_ASYNC_COPY
     if constexpr (kPrefetch) {
@@ -730,9 +830,9 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const i64 k = begin + (i64)s * PS_BLOCK_DIM_X;
-      if (WHOLE ? k < g.slots : g.full(k)) g.store(k, a[s], b[s], f, YAsStored(), true);
+      if (WHOLE ? k < g.slots : g.full(k)) g.store(k, a[s], b[s], f, y_of, true);
     }
-    g.store_edge(edge_of_thread, f);
+    g.store_edge(edge_of_thread, f, y_of);
     if (next_row < rows) {  // the next row into registers
       const GradRow<T, VEC> next(dy + next_row * dys, y + next_row * ys, dx + next_row * dxs, cols);
 #if PS_ASYNC_COPY
@@ -753,7 +853,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
     }
     // The blocks' last row: chunks departures after its chunks arrivals; the last to leave clears it.
     if (row + rows_per_round >= rows && PS_THREAD_X == 0 && depart_last(arrivals + row, chunks, chunks)) {
-      for (i64 c = 0; c < 2 * chunks; ++c) published[c] = 0.0;
+      for (i64 c = 0; c < kFields * chunks; ++c) published[c] = 0.0;
       arrivals[row] = 0u;
     }
   }
@@ -1006,18 +1106,23 @@ const int kGradStreamThreads = 256;       // the two-pass split
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
-#define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE)                                               \
+#define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE, FROM_INPUT)                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
       NAME(const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows, ps::i64 cols, \
            ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                             \
-    ps::grad_split_cached<T, OP, W, S, V, WHOLE>(dy, y, dx, sums, arrivals, rows, cols, dys, ys, dxs, chunks, \
-                                                 safe);                                                  \
+    ps::grad_split_cached<T, OP, W, S, V, WHOLE, FROM_INPUT>(dy, y, dx, sums, arrivals, rows, cols, dys, ys,     \
+                                                             dxs, chunks, safe);                         \
   }                                                                                                      \
   PS_EXPORT_KERNEL(NAME)
 #define PS_GRAD_CACHED_ENTRY(DT, T, OPN, OP, W, S, V)                                                    \
-  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false)
+  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false, false)
 #define PS_GRAD_CACHED_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                              \
-  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true)
+  PS_GRAD_CACHED_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true, false)
+// The gradient from the forward's input x (y holds x), built for 16-byte slots: 16-bit rows of whole
+// ones alone (as the rows' kernels from x), float32 and float64 rows with edge elements too.
+#define PS_GRAD_CACHED_FROM_INPUT_ENTRY(DT, T, OPN, OP, W, S, V)                                         \
+  PS_GRAD_CACHED_KERNEL(ps_bwd_from_input_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V,      \
+                        (ps::kWide16Bit<T, V>), true)
 
 // The rows regime's passes apart (GradientRowsSums, then GradientRowsFromSums): a warp a row.
 #define PS_GRAD_ROWS_PASSES_ENTRY(DT, T, OPN, OP, W, S, V)                                               \

@@ -526,10 +526,15 @@ FROM_INPUT_SHAPES = [(40, 3), (40, 8), (33, 32), (9, 130), (6, 512), (5, 1000), 
                      (40, 1)]
 
 
+#: rows the split takes: on chip in a few chunks (some of them partly empty), and in two passes
+FROM_INPUT_SPLIT_SHAPES = [(5, 12000), (8, 9001), (3, 6001), (3, 6000), (2, 100000)]
+
+
 def from_input_is_built(problem: GradRowProblem, tier: str) -> bool:
-    """Whether a gradient from x is built for the rows of ``problem`` (V.grad_from_input_shapes): rows
-    held in registers one row a step, and 16-bit ones only where every row holds whole 16-byte slots."""
-    if tier not in ("warp", "block") or (problem.cols == 1 and problem.dtype == "float32"):
+    """Whether a gradient from x is built for the rows of ``problem`` (V.grad_from_input_shapes,
+    V.grad_cached_from_input_built): rows held in registers one row a step, or on chip by the split's
+    blocks, and 16-bit ones only where every row holds whole 16-byte slots."""
+    if tier not in ("warp", "block", "cached") or (problem.cols == 1 and problem.dtype == "float32"):
         return False
     return V.DTYPES[problem.dtype][2] != 2 or whole_rows(problem, 8)
 
@@ -543,7 +548,7 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
     regimes, and float32 rows of one column, whose groups take several rows a step) and for 16-bit
     rows other than whole ones in 16-byte slots."""
     tiers = set()
-    for rows, cols in [*FROM_INPUT_SHAPES, (1, 20000), (2, 100000)]:
+    for rows, cols in [*FROM_INPUT_SHAPES, *FROM_INPUT_SPLIT_SHAPES]:
         problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
         the_plan = plan_backward_from_input(problem, runtime.profile(0))
         # the register regimes' tier (the staged rows, which hold no row of x, aside)
@@ -552,7 +557,8 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
         if the_plan is None:
             continue
         tiers.add(the_plan.tier)
-        assert the_plan.launches[0].kernel.startswith("ps_bwd_from_input_rows_"), the_plan
+        kind = "cached" if the_plan.tier == "cached" else "rows"
+        assert the_plan.launches[0].kernel.startswith(f"ps_bwd_from_input_{kind}_"), the_plan
         x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
         dy = rng.standard_normal((rows, cols)).astype(x.dtype)
         got = run_from_input(runtime, dy, x, the_plan, (offset,) * 3)
@@ -560,7 +566,7 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
         bad = _tolerance.outside(got, ref)
         assert not bad.any(), (f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}: {int(bad.sum())} outside, "
                                f"e.g. got {got[bad][:3]} want {ref[bad][:3]}")
-    assert tiers == ({"warp", "block"} if V.DTYPES[dtype][2] != 2 or offset == 0 else set())
+    assert tiers == ({"warp", "block", "cached"} if V.DTYPES[dtype][2] != 2 or offset == 0 else set())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -569,9 +575,9 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
 def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe, dtype):
     """NaN in x or dy makes its row NaN; a row of x all -inf gets 0 when safe, NaN otherwise; +inf
     in x gives NaN (as the forward does). Groups, a warp and a block a row (whole 16-bit rows: a
-    block of 2 slots a thread and of 4)."""
-    shapes = [(40, 3), (9, 130), (5, 1000), (6, 3000)] if dtype == "float32" else [(40, 8), (9, 136), (5, 1000),
-                                                                                    (6, 3000)]
+    block of 2 slots a thread and of 4), and the on-chip split."""
+    shapes = [(40, 3), (9, 130), (5, 1000), (6, 3000), (8, 9001)] if dtype == "float32" else [
+        (40, 8), (9, 136), (5, 1000), (6, 3000), (5, 12000)]
     for rows, cols in shapes:
         x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
         dy = rng.standard_normal((rows, cols)).astype(x.dtype)
@@ -586,6 +592,35 @@ def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe, dtype
         assert (got[2] == 0).all() if safe else np.isnan(got[2]).all(), (rows, cols, the_plan.tier)
         ref = gradient_from_input_reference(dy, x, op, safe)
         assert not _tolerance.outside(got[4:], ref[4:]).any(), (rows, cols, the_plan.tier, got[4, -3:], ref[4, -3:])
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_gradient_from_input_on_chip_copies_the_next_row_ahead(async_library, rng, dtype, offset):
+    """The on-chip split's gradient from x where copies are asynchronous: each block's next row of dy
+    and x lands in shared memory only at the wait (emulated), in rounds of one and two rows and with
+    more chunks a row than multiprocessors; rows with a partial head for float32 and float64."""
+    runtime = EmulatedRuntime(async_library, 32, arch="sm_90", vendor="nvidia", shared_mem_per_multiprocessor=233472)
+    vec = V.vector_widths(dtype)[1]
+    if V.DTYPES[dtype][2] == 2 and offset:
+        pytest.skip("16-bit rows take the gradient from x only where every 16-byte slot is full")
+    tuning = GradTuning(few_rows_fraction=0)
+    slots_a_chunk = V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS
+    for chunks, rows, rows_a_round in [(3, 5, 1), (3, 7, 2), (6, 5, 2)]:
+        cols = chunks * slots_a_chunk * vec - (vec if V.DTYPES[dtype][2] == 2 else 5)
+        for op in ("softmax", "log_softmax"):
+            problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
+            the_plan = plan_backward_from_input(problem, runtime.profile(0), tuning)
+            assert the_plan is not None and the_plan.tier == "cached", the_plan
+            assert the_plan.notes["chunks"] == chunks, the_plan
+            launch = replace(the_plan.launches[0], grid=chunks * rows_a_round)
+            x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
+            dy = rng.standard_normal((rows, cols)).astype(x.dtype)
+            x[1, cols // 2] = np.nan
+            got = run_from_input(runtime, dy, x, replace(the_plan, launches=(launch,)), (offset,) * 3)
+            ref = gradient_from_input_reference(dy, x, op)
+            bad = _tolerance.outside(got, ref)
+            assert not bad.any(), f"{dtype} {rows}x{cols} {op} {rows_a_round} a round: {int(bad.sum())} outside"
 
 
 def long_rows_with_a_cancelling_element(rng, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
