@@ -770,14 +770,16 @@ def test_gpu_grads_vmap_and_jvp_match_jax_nn(op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("safe", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [(4, 33), (512, 4096), (300, 1000), (6, 40, 257), (3, 1), (4, 200_000)])
+@pytest.mark.parametrize("shape", [(4, 33), (512, 4096), (300, 1000), (6, 40, 257), (3, 1), (4, 200_000),
+                                   (5, 50257), (2, 4_194_304)])
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.usefixtures("registered")
 def test_gpu_grads_from_input_match_jax_nn_in_one_call(op, safe, dtype, shape):
     """jax.grad where the gradient from x is planned: one custom call in the compiled program (the
-    forward's dropped), values as jax.nn's; elsewhere (a split row, rows of one float32 column, a safe
-    log_softmax) the forward's call and the gradient's from y."""
+    forward's dropped), values as jax.nn's; elsewhere (rows the two-pass split takes, rows of one
+    float32 column, 16-bit rows of partial slots, a safe log_softmax) the forward's call and the
+    gradient's from y."""
     x = _on_gpu((3 * jax.random.normal(jax.random.key(21), shape)).astype(dtype))
     w = _on_gpu(jax.random.normal(jax.random.key(22), shape).astype(dtype))
     ours = jax.jit(jax.grad(lambda t: (getattr(ps, op)(t, safe=safe) * w).sum()))
