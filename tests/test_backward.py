@@ -693,6 +693,7 @@ def test_a_32_lane_assumption_fails_at_warp_64_only(tmp_path, rng, mutation):
     assert not wrong[32], f"mutation {mutation!r} should be harmless at warp 32, yet broke {wrong[32]}"
     assert wrong[64], f"mutation {mutation!r} went unnoticed at warp 64"
     assert any(w.endswith("from x") for w in wrong[64]), f"mutation {mutation!r} left the gradient from x right"
+    assert any(w.endswith("cached from x") for w in wrong[64]), f"mutation {mutation!r} left the on-chip split's"
 
 
 # ---- the planner --------------------------------------------------------------------------------------
