@@ -730,14 +730,29 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   for (i64 row = PS_BLOCK_X / chunks; row < rows; row += rows_per_round) {
     const GradRow<T, VEC> g(dy + row * dys, y + row * ys, dx + row * dxs, cols);
     const i64 next_row = row + rows_per_round;
-    volatile double* published = sums + kFields * row * chunks;
+    // thread 0, once this block's part is published: the wait for the row's other blocks, then its
+    // part of the previous row back to zero (every block of this row has arrived, so each has read
+    // the previous row's parts), and (chunk 0) that row's count
+    auto arrive_then_clear = [&] {
+      PS_THREAD_FENCE();  // the part visible before the arrival is counted
+      arrive_and_wait(arrivals + row, chunks);
+      if (row >= rows_per_round) {
+        volatile double* previous = sums + kFields * (row - rows_per_round) * chunks;
+#pragma unroll
+        for (int field = 0; field < kFields; ++field) previous[kFields * chunk + field] = 0.0;
+        if (chunk == 0) arrivals[row - rows_per_round] = 0u;
+      }
+    };
+    volatile double* published;  // this row's parts, kFields doubles a chunk
     if constexpr (FROM_INPUT) {
+      published = sums + kFields * row * chunks;
       const InputChunk<C> part = input_chunk_sums<OP, WARP, SLOTS, WHOLE>(g, a, b, begin, edge_of_thread);
       if (PS_THREAD_X == 0) {
         published[3 * chunk] = part.top;
         published[3 * chunk + 1] = part.d;
         published[3 * chunk + 2] = part.grad;
       }
+      if (PS_THREAD_X == 0) arrive_then_clear();
     } else {
       GradAccumulator<OP, C> acc;
 #pragma unroll
@@ -747,21 +762,11 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
       }
       g.add_edge(edge_of_thread, acc);
       const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
+      published = sums + kFields * row * chunks;
       if (PS_THREAD_X == 0) {
         published[2 * chunk] = part.sum;
         published[2 * chunk + 1] = part.top;
-      }
-    }
-    if (PS_THREAD_X == 0) {
-      PS_THREAD_FENCE();  // the pair visible before the arrival is counted
-      arrive_and_wait(arrivals + row, chunks);
-      // Every block of this row has arrived, so each has read the previous row's sums: this block's
-      // pair of that row, and (chunk 0) its count, go back to zero.
-      if (row >= rows_per_round) {
-        volatile double* previous = sums + kFields * (row - rows_per_round) * chunks;
-#pragma unroll
-        for (int field = 0; field < kFields; ++field) previous[kFields * chunk + field] = 0.0;
-        if (chunk == 0) arrivals[row - rows_per_round] = 0u;
+        arrive_then_clear();
       }
     }
     PS_SYNC();
