@@ -156,7 +156,8 @@ template <typename T, int VEC> struct GradRow {
     const i64 at = edge_at(e);
     if (at >= 0) acc.add(to_compute(dy[at]), to_compute(y[at]));
   }
-  template <typename F, typename YOf = YAsStored> PS_DEVICE void store_edge(int e, const F& f, const YOf& y_of = YOf()) const {
+  template <typename F, typename YOf = YAsStored>
+  PS_DEVICE void store_edge(int e, const F& f, const YOf& y_of = YOf()) const {
     const i64 at = edge_at(e);
     if (at >= 0) dx[at] = from_compute<T>(f(to_compute(dy[at]), y_of(to_compute(y[at]))));
   }
@@ -652,8 +653,8 @@ template <typename C> struct InputChunk {
 };
 
 template <int OP, int WARP, int SLOTS, bool WHOLE, typename T, int VEC>
-PS_DEVICE InputChunk<typename compute_of<T>::type> input_chunk_sums(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy, const Vec<T, VEC>* x,
-                                               i64 begin, int edge) {
+PS_DEVICE InputChunk<typename compute_of<T>::type> input_chunk_sums(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy,
+                                                                    const Vec<T, VEC>* x, i64 begin, int edge) {
   typedef typename compute_of<T>::type C;
   typedef typename type_if<kWide16Bit<T, VEC>, C, double>::type Part;  // as InputRow's
   auto taken = [&](i64 k) { return WHOLE ? k < g.slots : g.full(k); };
