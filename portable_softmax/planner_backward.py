@@ -460,24 +460,28 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     if (notes["lanes"], notes["slots"]) not in V.grad_from_input_shapes(problem.dtype, device.warp_size,
                                                                          notes["vec"]):
         return None
+    return _reading_x(the_plan, V.grad_rows_from_input_name(problem.dtype, problem.op, device.warp_size,
+                                                            notes["lanes"], notes["slots"], notes["vec"]))
+
+
+def _reading_x(the_plan: Plan, kernel: str, **changes) -> Plan:
+    """The gradient from y's one-launch plan as the gradient from x's: its launch's kernel ``kernel``,
+    reading buffer "x" where it read "y" (the plan's other fields as ``changes`` says)."""
     launch = the_plan.launches[0]
-    name = V.grad_rows_from_input_name(problem.dtype, problem.op, device.warp_size, notes["lanes"], notes["slots"],
-                                       notes["vec"])
     args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
-    return replace(the_plan, launches=(replace(launch, kernel=name, args=args),))
+    return replace(the_plan, launches=(replace(launch, kernel=kernel, args=args),), **changes)
 
 
 def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, the_plan: Plan) -> Plan | None:
     """The on-chip split's gradient from x, in the launch shape of its gradient from y: each chunk
     publishes three doubles (its max of x, and its sums relative to it: InputChunk) where the
     gradient from y publishes two."""
-    if not V.grad_cached_from_input_built(problem.dtype, the_plan.notes["vec"]):
+    vec = the_plan.notes["vec"]
+    if not V.grad_cached_from_input_built(problem.dtype, vec):
         return None
-    launch = the_plan.launches[0]
-    name = V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, the_plan.notes["vec"])
-    args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
     scratch = (("sums", problem.rows * the_plan.notes["chunks"] * 3 * 8), ("arrivals", problem.rows * 4))
-    return replace(the_plan, launches=(replace(launch, kernel=name, args=args),), scratch=scratch)
+    return _reading_x(the_plan, V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, vec),
+                      scratch=scratch)
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning | None = None) -> Plan:
