@@ -1072,10 +1072,11 @@ template <typename T, int OP, int PASSES> struct GradientStridedPass : GradientS
 // The launch bounds of the kernels above (planner_backward.py holds the same numbers).
 const int kGradRowsThreads = 256;         // groups of lanes a row
 // Blocks a multiprocessor must hold, which caps registers a thread: enough for at least 512 threads
-// (768 in blocks a row of 16-bit elements in 16-byte slots, whose two paths, whole rows and any, took
-// 92-96 registers uncapped where each alone takes at most 80; so two blocks of 512 threads).
+// (1024, 64 registers, in blocks a row of 16-bit elements in 16-byte slots: their two paths, whole
+// rows and any, take no more without spilling, and log_softmax's took 72-76 where fewer blocks were
+// asked, with a quarter fewer resident threads).
 template <typename T, int VEC, bool BLOCK> constexpr int grad_rows_min_blocks(int threads) {
-  return threads > 512 ? 1 : ((kWide16Bit<T, VEC> && BLOCK ? 768 : 512) + threads - 1) / threads;
+  return threads > 512 ? 1 : ((kWide16Bit<T, VEC> && BLOCK ? 1024 : 512) + threads - 1) / threads;
 }
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 const int kGradStreamThreads = 256;       // the two-pass split
