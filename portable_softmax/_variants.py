@@ -473,8 +473,17 @@ def grad_block_shapes(dtype: str, vec: int, whole: bool) -> tuple[tuple[int, int
 #: the on-chip split: a chunk is GRAD_CACHED_THREADS threads x GRAD_CACHED_SLOTS slots
 GRAD_CACHED_THREADS = 256
 GRAD_CACHED_SLOTS = 4
-#: ... at least this many such blocks a multiprocessor (backward.cuh kGradCachedMinBlocks)
+#: ... at least this many such blocks a multiprocessor (backward.cuh kGradCachedMinBlocks), and
+#: three for the 16-bit gradient from x (grad_cached_min_blocks)
 GRAD_CACHED_MIN_BLOCKS = 4
+GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS = 3
+
+
+def grad_cached_min_blocks(dtype: str, vec: int, from_input: bool) -> int:
+    """The on-chip split's blocks a multiprocessor its launch bound asks for (backward.cuh
+    grad_cached_min_blocks)."""
+    wide_16_bit = DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
+    return GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS if from_input and wide_16_bit else GRAD_CACHED_MIN_BLOCKS
 #: the two-pass split's threads a block (backward.cuh kGradStreamThreads)
 GRAD_STREAM_THREADS = 256
 
@@ -600,16 +609,16 @@ def grad_cached_name(dtype: str, op: str, warp: int, vec: int, whole: bool = Fal
     return f"ps_bwd_{kind}_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
 
 
-def grad_cached_from_input_name(dtype: str, op: str, warp: int, vec: int) -> str:
+def grad_cached_from_input_name(dtype: str, op: str, warp: int, vec: int, whole: bool = False) -> str:
     """The on-chip split's gradient from the forward's input x (and dy): each chunk's max of x and
-    its sums, merged across the row's blocks (backward.cuh grad_split_cached, FROM_INPUT)."""
-    return f"ps_bwd_from_input_cached_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
+    its sums, merged across the row's blocks (backward.cuh grad_split_cached, FROM_INPUT);
+    ``whole`` as grad_cached_name's."""
+    kind = "cached_whole" if whole_16_bit(dtype, vec, whole) else "cached"
+    return f"ps_bwd_from_input_{kind}_{DTYPES[dtype][0]}_{op}_w{warp}_s{GRAD_CACHED_SLOTS}_v{vec}"
 
 
 def grad_cached_from_input_built(dtype: str, vec: int) -> bool:
-    """Whether the on-chip split's gradient from x is built at ``vec``: 16-byte slots alone, whose
-    16-bit kernels take whole rows alone (as grad_from_input_shapes' rows; the planner plans them
-    for no other rows)."""
+    """Whether the on-chip split's gradient from x is built at ``vec``: 16-byte slots alone."""
     return vec == vector_widths(dtype)[1]
 
 
@@ -729,6 +738,9 @@ def grad_warp_entries(dtype: str, warp: int) -> list[Entry]:
             if grad_cached_from_input_built(dtype, vec):
                 out.append(Entry(grad_cached_from_input_name(dtype, op, warp, vec), "PS_GRAD_CACHED_FROM_INPUT_ENTRY",
                                  (*head, GRAD_CACHED_SLOTS, vec)))
+                if whole_16_bit(dtype, vec, True):
+                    out.append(Entry(grad_cached_from_input_name(dtype, op, warp, vec, True),
+                                     "PS_GRAD_CACHED_FROM_INPUT_WHOLE_ENTRY", (*head, GRAD_CACHED_SLOTS, vec)))
             out.append(Entry(grad_partials_name(dtype, op, warp, vec), "PS_GRAD_SPLIT_ENTRY", (*head, vec)))
     for op, enum in OPS.items():  # the passes apart of rows a warp holds: the macro defines both
         out += [Entry(grad_rows_sums_name(dtype, op, warp, slots), "PS_GRAD_ROWS_PASSES_ENTRY",

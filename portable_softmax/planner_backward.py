@@ -275,19 +275,21 @@ def _cached_chunks(s: _Shape) -> int:
     return ceil(s.slots / (V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS))
 
 
-def _cached_blocks_per_multiprocessor(device: DeviceProfile) -> int:
+def _cached_blocks_per_multiprocessor(device: DeviceProfile, min_blocks: int = V.GRAD_CACHED_MIN_BLOCKS) -> int:
     """The on-chip split's blocks a multiprocessor holds for certain where copies are asynchronous:
-    its launch bound's, as far as threads and shared memory allow (a block's staged copies of dy and
-    y, 16 bytes a slot each, and the runtime's 1 KiB reserve)."""
+    its launch bound's (``min_blocks``), as far as threads and shared memory allow (a block's staged
+    copies of dy and y, 16 bytes a slot each, and the runtime's 1 KiB reserve)."""
     staged = 2 * V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS * 16 + 1024 + 64
-    return min(V.GRAD_CACHED_MIN_BLOCKS, device.max_threads_per_multiprocessor // V.GRAD_CACHED_THREADS,
+    return min(min_blocks, device.max_threads_per_multiprocessor // V.GRAD_CACHED_THREADS,
                device.shared_mem_per_multiprocessor // staged)
 
 
-def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape) -> bool:
+def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Shape,
+                 min_blocks: int = V.GRAD_CACHED_MIN_BLOCKS) -> bool:
     """Whether the on-chip split holds the rows: one chunk a multiprocessor, or (a row's wait then
     overlapping another's loads) several, where two or more rows fill most of a round of resident
-    blocks (at 73% full, float32 16x786432 ran 1-2 points behind the two passes)."""
+    blocks (at 73% full, float32 16x786432 ran 1-2 points behind the two passes); ``min_blocks``:
+    its launch bound's blocks a multiprocessor."""
     if V.GRAD_CACHED_THREADS > device.max_threads_per_block:
         return False
     chunks = _cached_chunks(s)
@@ -295,7 +297,7 @@ def _cached_fits(t: GradTuning, p: GradRowProblem, device: DeviceProfile, s: _Sh
         return True
     if not (t.cached_spanning_rows and _planner.has_async_copy(device)):
         return False
-    resident = _cached_blocks_per_multiprocessor(device) * device.multiprocessors
+    resident = _cached_blocks_per_multiprocessor(device, min_blocks) * device.multiprocessors
     per_round = min(p.rows, resident // chunks)
     return per_round >= 2 and per_round * chunks >= t.cached_spanning_min_fill * resident
 
@@ -438,8 +440,8 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     sums from x and finishes as from y = softmax(x). ``problem`` describes dy, x and dx (its y strides
     and misalignment are x's); the launch reads buffers "dy" and "x" and writes "dx". None where no
     such kernel is built (V.grad_from_input_shapes, V.grad_cached_from_input_built: rows the two-pass
-    split takes; rows of one float32 column, whose groups take several rows a step; 16-bit rows other
-    than whole ones in 16-byte slots; rows of scalar slots): compute y first there.
+    split takes; rows of one float32 column, whose groups take several rows a step; 16-bit rows held
+    in registers other than whole ones in 16-byte slots; rows of scalar slots): compute y first there.
 
     >>> from portable_softmax.planner import DeviceProfile
     >>> p = plan_backward_from_input(GradRowProblem("float32", "softmax", 8192, 8192), DeviceProfile.h100())
@@ -453,10 +455,10 @@ def plan_backward_from_input(problem: GradRowProblem, device: DeviceProfile,
     notes = the_plan.notes
     if the_plan.tier not in ("warp", "block", "cached"):
         return None
+    if the_plan.tier == "cached":
+        return _cached_from_input(problem, device, tuning, the_plan)
     if V.DTYPES[problem.dtype][2] == 2 and not whole_rows(problem, notes["vec"]):
         return None
-    if the_plan.tier == "cached":
-        return _cached_from_input(problem, device, the_plan)
     if (notes["lanes"], notes["slots"]) not in V.grad_from_input_shapes(problem.dtype, device.warp_size,
                                                                          notes["vec"]):
         return None
@@ -472,16 +474,22 @@ def _reading_x(the_plan: Plan, kernel: str, **changes) -> Plan:
     return replace(the_plan, launches=(replace(launch, kernel=kernel, args=args),), **changes)
 
 
-def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, the_plan: Plan) -> Plan | None:
+def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning,
+                       the_plan: Plan) -> Plan | None:
     """The on-chip split's gradient from x, in the launch shape of its gradient from y: each chunk
     publishes three doubles (its max of x, and its sums relative to it: InputChunk) where the
-    gradient from y publishes two."""
+    gradient from y publishes two. Its 16-bit kernels hold fewer blocks a multiprocessor
+    (V.grad_cached_min_blocks): rows of more chunks than multiprocessors are held to those."""
     vec = the_plan.notes["vec"]
     if not V.grad_cached_from_input_built(problem.dtype, vec):
         return None
+    min_blocks = V.grad_cached_min_blocks(problem.dtype, vec, True)
+    shape = _Shape(vec, grad_slots(problem, vec), whole_rows(problem, vec))
+    if not _cached_fits(tuning, problem, device, shape, min_blocks):
+        return None
     scratch = (("sums", problem.rows * the_plan.notes["chunks"] * 3 * 8), ("arrivals", problem.rows * 4))
-    return _reading_x(the_plan, V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, vec),
-                      scratch=scratch)
+    name = V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, vec, whole_rows(problem, vec))
+    return _reading_x(the_plan, name, scratch=scratch)
 
 
 def plan_split_passes(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning | None = None) -> Plan:

@@ -1080,6 +1080,11 @@ template <typename T, int VEC, bool BLOCK> constexpr int grad_rows_min_blocks(in
   return threads > 512 ? 1 : ((kWide16Bit<T, VEC> && BLOCK ? 1024 : 512) + threads - 1) / threads;
 }
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
+// ... and three for the 16-bit gradient from x: 80 registers, where four blocks' 64 spilled 112-188
+// bytes and ran 5-12 points slower (docs/design.md)
+template <typename T, int VEC, bool FROM_INPUT> constexpr int grad_cached_min_blocks() {
+  return FROM_INPUT && kWide16Bit<T, VEC> ? 3 : kGradCachedMinBlocks;
+}
 const int kGradStreamThreads = 256;       // the two-pass split
 
 }  // namespace ps
@@ -1114,7 +1119,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
 #define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE, FROM_INPUT)                                   \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, ps::kGradCachedMinBlocks)                  \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, (ps::grad_cached_min_blocks<T, V, FROM_INPUT>())) \
       NAME(const T* dy, const T* y, T* dx, double* sums, unsigned* arrivals, ps::i64 rows, ps::i64 cols, \
            ps::i64 dys, ps::i64 ys, ps::i64 dxs, ps::i64 chunks, int safe) {                             \
     ps::grad_split_cached<T, OP, W, S, V, WHOLE, FROM_INPUT>(dy, y, dx, sums, arrivals, rows, cols, dys, ys,     \
@@ -1125,11 +1130,13 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_GRAD_CACHED_KERNEL(ps_bwd_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false, false)
 #define PS_GRAD_CACHED_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                              \
   PS_GRAD_CACHED_KERNEL(ps_bwd_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true, false)
-// The gradient from the forward's input x (y holds x), built for 16-byte slots: 16-bit rows of whole
-// ones alone (as the rows' kernels from x), float32 and float64 rows with edge elements too.
+// The gradient from the forward's input x (y holds x), built for 16-byte slots: rows with edge
+// elements, and for 16-bit ones a kernel of whole rows beside it (as the gradient from y's).
 #define PS_GRAD_CACHED_FROM_INPUT_ENTRY(DT, T, OPN, OP, W, S, V)                                         \
-  PS_GRAD_CACHED_KERNEL(ps_bwd_from_input_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V,      \
-                        (ps::kWide16Bit<T, V>), true)
+  PS_GRAD_CACHED_KERNEL(ps_bwd_from_input_cached_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, false, true)
+#define PS_GRAD_CACHED_FROM_INPUT_WHOLE_ENTRY(DT, T, OPN, OP, W, S, V)                                   \
+  PS_GRAD_CACHED_KERNEL(ps_bwd_from_input_cached_whole_##DT##_##OPN##_w##W##_s##S##_v##V, T, OP, W, S, V, true, \
+                        true)
 
 // The rows regime's passes apart (GradientRowsSums, then GradientRowsFromSums): a warp a row.
 #define PS_GRAD_ROWS_PASSES_ENTRY(DT, T, OPN, OP, W, S, V)                                               \

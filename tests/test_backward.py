@@ -526,17 +526,18 @@ FROM_INPUT_SHAPES = [(40, 3), (40, 8), (33, 32), (9, 130), (6, 512), (5, 1000), 
                      (40, 1)]
 
 
-#: rows the split takes: on chip in a few chunks (some of them partly empty), and in two passes
+#: rows the split takes: on chip in a few chunks (some of them partly empty; 16-bit rows of partial
+#: slots among them), and in two passes
 FROM_INPUT_SPLIT_SHAPES = [(5, 12000), (8, 9001), (3, 6001), (3, 6000), (2, 100000)]
 
 
 def from_input_is_built(problem: GradRowProblem, tier: str) -> bool:
     """Whether a gradient from x is built for the rows of ``problem`` (V.grad_from_input_shapes,
-    V.grad_cached_from_input_built): rows held in registers one row a step, or on chip by the split's
-    blocks, and 16-bit ones only where every row holds whole 16-byte slots."""
+    V.grad_cached_from_input_built): rows held in registers one row a step, 16-bit ones only where
+    every row holds whole 16-byte slots, or on chip by the split's blocks."""
     if tier not in ("warp", "block", "cached") or (problem.cols == 1 and problem.dtype == "float32"):
         return False
-    return V.DTYPES[problem.dtype][2] != 2 or whole_rows(problem, 8)
+    return tier == "cached" or V.DTYPES[problem.dtype][2] != 2 or whole_rows(problem, 8)
 
 
 @pytest.mark.parametrize("offset", [0, 1])
@@ -544,9 +545,9 @@ def from_input_is_built(problem: GradRowProblem, tier: str) -> bool:
 @pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
 def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offset):
     """dx from dy and x in one read of each (the row's max and sums from the held x, then the gradient
-    as from y), in every shape of the rows regime; None where it takes no row a step (the split
-    regimes, and float32 rows of one column, whose groups take several rows a step) and for 16-bit
-    rows other than whole ones in 16-byte slots."""
+    as from y), in every shape of the rows regime and the on-chip split; None where it takes no row
+    a step (the two-pass split, and float32 rows of one column, whose groups take several rows a
+    step) and for 16-bit rows held in registers other than whole ones in 16-byte slots."""
     tiers = set()
     for rows, cols in [*FROM_INPUT_SHAPES, *FROM_INPUT_SPLIT_SHAPES]:
         problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
@@ -566,7 +567,7 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
         bad = _tolerance.outside(got, ref)
         assert not bad.any(), (f"{dtype} {rows}x{cols} {the_plan.launches[0].kernel}: {int(bad.sum())} outside, "
                                f"e.g. got {got[bad][:3]} want {ref[bad][:3]}")
-    assert tiers == ({"warp", "block", "cached"} if V.DTYPES[dtype][2] != 2 or offset == 0 else set())
+    assert tiers == ({"warp", "block", "cached"} if V.DTYPES[dtype][2] != 2 or offset == 0 else {"cached"})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -575,9 +576,10 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
 def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe, dtype):
     """NaN in x or dy makes its row NaN; a row of x all -inf gets 0 when safe, NaN otherwise; +inf
     in x gives NaN (as the forward does). Groups, a warp and a block a row (whole 16-bit rows: a
-    block of 2 slots a thread and of 4), and the on-chip split."""
+    block of 2 slots a thread and of 4), and the on-chip split (16-bit: rows of whole slots and of
+    partial ones)."""
     shapes = [(40, 3), (9, 130), (5, 1000), (6, 3000), (8, 9001)] if dtype == "float32" else [
-        (40, 8), (9, 136), (5, 1000), (6, 3000), (5, 12000)]
+        (40, 8), (9, 136), (5, 1000), (6, 3000), (5, 12000), (5, 9001)]
     for rows, cols in shapes:
         x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
         dy = rng.standard_normal((rows, cols)).astype(x.dtype)
@@ -599,15 +601,15 @@ def test_gradient_from_input_of_nan_and_empty_rows(runtime, rng, op, safe, dtype
 def test_gradient_from_input_on_chip_copies_the_next_row_ahead(async_library, rng, dtype, offset):
     """The on-chip split's gradient from x where copies are asynchronous: each block's next row of dy
     and x lands in shared memory only at the wait (emulated), in rounds of one and two rows and with
-    more chunks a row than multiprocessors; rows with a partial head for float32 and float64."""
+    more chunks a row than multiprocessors; rows with partial end slots (16-bit: at offset 1, whole
+    ones at 0)."""
     runtime = EmulatedRuntime(async_library, 32, arch="sm_90", vendor="nvidia", shared_mem_per_multiprocessor=233472)
     vec = V.vector_widths(dtype)[1]
-    if V.DTYPES[dtype][2] == 2 and offset:
-        pytest.skip("16-bit rows take the gradient from x only where every 16-byte slot is full")
     tuning = GradTuning(few_rows_fraction=0)
     slots_a_chunk = V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS
     for chunks, rows, rows_a_round in [(3, 5, 1), (3, 7, 2), (6, 5, 2)]:
-        cols = chunks * slots_a_chunk * vec - (vec if V.DTYPES[dtype][2] == 2 else 5)
+        # a slot short of the chunks (whole 16-bit rows), or room for a partial slot at each end
+        cols = chunks * slots_a_chunk * vec - (5 if V.DTYPES[dtype][2] != 2 else 13 if offset else vec)
         for op in ("softmax", "log_softmax"):
             problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
             the_plan = plan_backward_from_input(problem, runtime.profile(0), tuning)
@@ -783,6 +785,43 @@ def test_long_rows_span_several_on_chip_chunks_a_multiprocessor_where_rounds_sta
         assert _cached_blocks_per_multiprocessor(small) == 3
     else:
         assert moved == 0
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_16_bit_gradient_from_x_on_chip_holds_rows_to_its_three_blocks_a_multiprocessor(profile):
+    """The on-chip split's 16-bit gradient from x asks its launch bound for three blocks a
+    multiprocessor, not four: rows of more chunks than multiprocessors take it only where two or
+    more of them fill most of a round of three (else None: the forward, then the gradient from y);
+    float32 and float64 rows keep the gradient from y's rounds of four."""
+    device = PROFILES[profile]
+    slots_a_chunk = V.GRAD_CACHED_THREADS * V.GRAD_CACHED_SLOTS
+    fill = DEFAULT_GRAD_TUNING.cached_spanning_min_fill
+    three, four = (_cached_blocks_per_multiprocessor(device, n) * device.multiprocessors for n in (3, 4))
+    assert V.grad_cached_min_blocks("bfloat16", 8, True) == V.grad_cached_min_blocks("float16", 8, True) == 3
+    assert V.grad_cached_min_blocks("bfloat16", 8, False) == V.grad_cached_min_blocks("float32", 4, True) == 4
+    checked = 0
+    for dtype, rows, chunks in itertools.product(("bfloat16", "float16", "float32"), (2, 8, 64),
+                                                 (device.multiprocessors, int(1.2 * device.multiprocessors),
+                                                  int(1.6 * device.multiprocessors))):
+        vec = V.vector_widths(dtype)[1]
+        problem = GradRowProblem(dtype, "log_softmax", rows, chunks * slots_a_chunk * vec)
+        from_y = plan_backward(problem, device)
+        from_x = plan_backward_from_input(problem, device)
+        if from_y.tier != "cached":
+            assert from_x is None, (dtype, rows, chunks)
+            continue
+        resident = three if V.DTYPES[dtype][2] == 2 else four
+        per_round = min(rows, resident // chunks)
+        fits = chunks <= device.multiprocessors or (per_round >= 2 and per_round * chunks >= fill * resident)
+        assert (from_x is not None) == fits, (dtype, rows, chunks, from_x)
+        if from_x is not None:
+            assert from_x.notes["chunks"] == chunks and from_x.launches[0].min_grid == chunks
+        checked += 1
+    assert checked >= 6, checked
+    if planner.has_async_copy(device):  # rows that fit four blocks a multiprocessor and not three
+        problem = GradRowProblem("bfloat16", "softmax", 64, int(1.7 * device.multiprocessors) * slots_a_chunk * 8)
+        assert plan_backward(problem, device).tier == "cached"
+        assert plan_backward_from_input(problem, device) is None
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -221,6 +221,7 @@ def test_the_choice_of_the_gradient_from_input():
     assert _jax.takes_input_path((64, 1000), "bfloat16", -1, "log_softmax", False, h100), "whole 16-byte slots"
     assert _jax.takes_input_path((64, 8192), jnp.float16, -1, "softmax", False, h100), "whole 16-byte slots"
     assert not _jax.takes_input_path((64, 1001), "bfloat16", -1, "log_softmax", False, h100), "16-bit, partial slots"
+    assert _jax.takes_input_path((64, 50257), "bfloat16", -1, "softmax", False, h100), "on chip, partial slots"
 
 
 def test_the_choice_is_made_once_per_shape_on_the_runtime_profile(stand_in, monkeypatch):
@@ -407,7 +408,8 @@ def test_grad_of_a_long_row_lowers_to_the_forward_and_the_gradient_kernels(stand
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape, dtype", [((16, 128), "float32"), ((6, 40, 257), "float32"), ((4, 33), "float32"),
                                           ((16, 1024), "bfloat16"), ((3, 8, 4096), "float16"),
-                                          ((4, 200_000), "float32"), ((2, 131072), "bfloat16")])
+                                          ((4, 200_000), "float32"), ((2, 131072), "bfloat16"),
+                                          ((4, 50257), "bfloat16"), ((3, 100_001), "float16")])
 def test_grad_from_input_lowers_to_one_custom_call(stand_in, op, shape, dtype):
     """Where a kernel of the gradient from x is planned, jax.grad keeps x, not y: the forward's call
     is left unused and dropped, and one call reads dy and x (operands 0 and 1) and writes dx."""
@@ -422,7 +424,7 @@ def test_grad_from_input_lowers_to_one_custom_call(stand_in, op, shape, dtype):
                                         DeviceProfile.h100())
     kernels = _kernels(stand_in, calls[0])
     assert kernels == [expected.launches[0].kernel]
-    assert kernels[0].startswith("ps_bwd_from_input_cached_" if cols >= 100_000 else "ps_bwd_from_input_rows_")
+    assert kernels[0].startswith("ps_bwd_from_input_cached_" if cols >= 50_000 else "ps_bwd_from_input_rows_")
     pointers = [(k, v) for k, v in zip(_attribute(calls[0], "arg_kinds"), _attribute(calls[0], "arg_values"))
                 if k in (_jax_ffi.OPERAND, _jax_ffi.RESULT)]
     assert pointers == [(_jax_ffi.OPERAND, 0), (_jax_ffi.OPERAND, 1), (_jax_ffi.RESULT, 0)]
@@ -438,8 +440,8 @@ def test_grad_keeps_y_for_a_non_last_axis(stand_in, op, safe, axis):
 
 @pytest.mark.parametrize("op", OPS)
 def test_grad_keeps_y_for_16_bit_rows_of_partial_slots(stand_in, op):
-    """16-bit rows whose length is not a whole number of 16-byte slots have no kernel from x: the
-    forward's call, then the gradient from y."""
+    """16-bit rows held in registers whose length is not a whole number of 16-byte slots have no
+    kernel from x: the forward's call, then the gradient from y."""
     loss = jax.grad(lambda t: (getattr(ps, op)(t) * jnp.cos(t)).sum())
     calls = _calls(_lowered(loss, (16, 1001), jnp.bfloat16, ("cuda",)))
     assert len(calls) == 2 and any(f'op = "{op}_backward"' in line for line in calls), calls
@@ -778,7 +780,7 @@ def test_gpu_grads_vmap_and_jvp_match_jax_nn(op):
 def test_gpu_grads_from_input_match_jax_nn_in_one_call(op, safe, dtype, shape):
     """jax.grad where the gradient from x is planned: one custom call in the compiled program (the
     forward's dropped), values as jax.nn's; elsewhere (rows the two-pass split takes, rows of one
-    float32 column, 16-bit rows of partial slots, a safe log_softmax) the forward's call and the
+    float32 column, 16-bit rows of partial slots held in registers) the forward's call and the
     gradient's from y."""
     x = _on_gpu((3 * jax.random.normal(jax.random.key(21), shape)).astype(dtype))
     w = _on_gpu(jax.random.normal(jax.random.key(22), shape).astype(dtype))
