@@ -1073,10 +1073,13 @@ template <typename T, int OP, int PASSES> struct GradientStridedPass : GradientS
 const int kGradRowsThreads = 256;         // groups of lanes a row
 // Blocks a multiprocessor must hold, which caps registers a thread: enough for at least 512 threads
 // (1024, 64 registers, in blocks a row of 16-bit elements in 16-byte slots: their two paths, whole
-// rows and any, take no more without spilling, and log_softmax's took 72-76 where fewer blocks were
-// asked, with a quarter fewer resident threads).
-template <typename T, int VEC, bool BLOCK> constexpr int grad_rows_min_blocks(int threads) {
-  return threads > 512 ? 1 : ((kWide16Bit<T, VEC> && BLOCK ? 1024 : 512) + threads - 1) / threads;
+// rows and any, take no more without spilling, and log_softmax's took 72 where fewer blocks were
+// asked, with a quarter fewer resident threads; 768 for the gradient from x, whose log_softmax rows
+// ran 1-2 points slower at 1024 but for float16 rows of 6144 columns: docs/design.md).
+template <typename T, int VEC, bool BLOCK, bool FROM_INPUT = false>
+constexpr int grad_rows_min_blocks(int threads) {
+  const int least = kWide16Bit<T, VEC> && BLOCK ? (FROM_INPUT ? 768 : 1024) : 512;
+  return threads > 512 ? 1 : (least + threads - 1) / threads;
 }
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 // ... and three for the 16-bit gradient from x: 80 registers, where four blocks' 64 spilled 112-188
@@ -1109,7 +1112,8 @@ const int kGradStreamThreads = 256;       // the two-pass split
 // The gradient from the forward's input x: the same shapes, one row a step.
 #define PS_GRAD_ROWS_FROM_INPUT_ENTRY(DT, T, OPN, OP, W, G, S, V)                                        \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN((G > W ? G : ps::kGradRowsThreads),                                \
-                                      (ps::grad_rows_min_blocks<T, V, (G > W)>(G > W ? G : ps::kGradRowsThreads))) \
+                                      (ps::grad_rows_min_blocks<T, V, (G > W), true>(G > W ? G            \
+                                                                                       : ps::kGradRowsThreads))) \
       ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                                   \
           const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs,           \
           ps::i64 dxs, int safe) {                                                                       \
