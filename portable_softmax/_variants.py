@@ -484,6 +484,8 @@ def grad_cached_min_blocks(dtype: str, vec: int, from_input: bool) -> int:
     grad_cached_min_blocks)."""
     wide_16_bit = DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
     return GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS if from_input and wide_16_bit else GRAD_CACHED_MIN_BLOCKS
+
+
 #: the two-pass split's threads a block (backward.cuh kGradStreamThreads)
 GRAD_STREAM_THREADS = 256
 

@@ -483,12 +483,12 @@ def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, tuning: G
     vec = the_plan.notes["vec"]
     if not V.grad_cached_from_input_built(problem.dtype, vec):
         return None
+    whole = whole_rows(problem, vec)
     min_blocks = V.grad_cached_min_blocks(problem.dtype, vec, True)
-    shape = _Shape(vec, grad_slots(problem, vec), whole_rows(problem, vec))
-    if not _cached_fits(tuning, problem, device, shape, min_blocks):
+    if not _cached_fits(tuning, problem, device, _Shape(vec, grad_slots(problem, vec), whole), min_blocks):
         return None
     scratch = (("sums", problem.rows * the_plan.notes["chunks"] * 3 * 8), ("arrivals", problem.rows * 4))
-    name = V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, vec, whole_rows(problem, vec))
+    name = V.grad_cached_from_input_name(problem.dtype, problem.op, device.warp_size, vec, whole)
     return _reading_x(the_plan, name, scratch=scratch)
 
 
