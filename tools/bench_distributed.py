@@ -381,6 +381,9 @@ def _bench(args, torch, dist) -> int:
         say(f"local backward ({name}: grad_dot + grad_finish): {t_bwd:.3f} ms, {share(5, t_bwd)} of copy "
             f"(dy and y read twice, dx written); {b_bwd:.3f} ms, {share(5, b_bwd)} back to back")
     say(f"(methods {methods_s:.1f} s, local steps {local_s:.1f} s, whole run {time.perf_counter() - began:.1f} s)")
+    # every rank waits for rank 0's report before any tears its group down: a peer that closed its
+    # connections while rank 0 still printed could abort rank 0's exit (gloo)
+    dist.barrier()
     return 0 if passed else 1
 
 
