@@ -445,9 +445,14 @@ GRAD_MAX_SLOTS = 8
 GRAD_WHOLE_16_BIT_MAX_SLOTS = 2
 
 
+def wide_16_bit(dtype: str, vec: int) -> bool:
+    """16-bit elements in 16-byte slots (backward.cuh kWide16Bit)."""
+    return DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
+
+
 def whole_16_bit(dtype: str, vec: int, whole: bool) -> bool:
     """16-bit rows in 16-byte slots whose every slot is full (``whole``)."""
-    return whole and DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
+    return whole and wide_16_bit(dtype, vec)
 
 
 def grad_max_slots(dtype: str, vec: int, whole: bool) -> int:
@@ -482,8 +487,9 @@ GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS = 3
 def grad_cached_min_blocks(dtype: str, vec: int, from_input: bool) -> int:
     """The on-chip split's blocks a multiprocessor its launch bound asks for (backward.cuh
     grad_cached_min_blocks)."""
-    wide_16_bit = DTYPES[dtype][2] == 2 and vec == vector_widths(dtype)[1]
-    return GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS if from_input and wide_16_bit else GRAD_CACHED_MIN_BLOCKS
+    if from_input and wide_16_bit(dtype, vec):
+        return GRAD_CACHED_FROM_INPUT_16_BIT_MIN_BLOCKS
+    return GRAD_CACHED_MIN_BLOCKS
 
 
 #: the two-pass split's threads a block (backward.cuh kGradStreamThreads)
