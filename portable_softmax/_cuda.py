@@ -22,7 +22,7 @@ from . import _launch
 from . import _variants as V
 from ._launch import KERNEL_DIR, inline_source, source_dir
 from ._runtime import DriverRuntime
-from .planner import DeviceProfile, Launch, Plan, one_wave
+from .planner import DeviceProfile, Launch, Plan
 
 _STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -160,6 +160,7 @@ class CudaRuntime(DriverRuntime):
         """(function, grid, step) per launch, each function's dynamic shared memory raised as it needs."""
         steps = []
         for step in plan.launches:
+            step = self.resident_step(step, dtype, device)
             fn = self.function(device, dtype, step.kernel, step.shared_mem)
             steps.append((fn, self.resident_grid(fn, step, device), step))
         return steps
@@ -192,14 +193,16 @@ class CudaRuntime(DriverRuntime):
     def _describe_error(self, code: int) -> str:
         return str(self.driver.CUDADriverError(code))  # "CUDA_ERROR_...: text", from the driver
 
-    def resident_grid(self, fn: int, step, device: int) -> int:
-        """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""
-        key = (fn, step.block, step.shared_mem)
+    def _handle(self, device: int, dtype: str, kernel: str, shared_mem: int) -> int:
+        return self.function(device, dtype, kernel, shared_mem)
+
+    def _blocks_per_multiprocessor(self, fn: int, kernel: str, block: int, shared_mem: int, device: int) -> int:
+        key = (fn, block, shared_mem)
         per_sm = self._occupancy.get(key)
         if per_sm is None:
-            per_sm = self.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, step.block, step.shared_mem)
+            per_sm = self.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, block, shared_mem)
             self._occupancy[key] = per_sm
-        return one_wave(step, per_sm, self.profile(device).multiprocessors)
+        return per_sm
 
     def run_host(self, x: np.ndarray, plan: Plan, dtype: str, device: int) -> np.ndarray:
         """A C-contiguous host array through pinned buffers and async copies on the current stream."""

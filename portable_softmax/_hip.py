@@ -35,7 +35,7 @@ from . import _launch
 from . import _variants as V
 from ._launch import KERNEL_DIR, inline_source, source_dir
 from ._runtime import DriverRuntime
-from .planner import DeviceProfile, Launch, Plan, one_wave
+from .planner import DeviceProfile, Launch, Plan
 
 # hipError_t values the adapter treats specially (hip/hip_runtime_api.h)
 HIP_SUCCESS = 0
@@ -542,6 +542,7 @@ class HipRuntime(DriverRuntime):
         caps plans at sharedMemPerBlock."""
         steps = []
         for step in plan.launches:
+            step = self.resident_step(step, dtype, device)
             fn = self.function(device, dtype, step.kernel)
             grid = self.resident_grid(fn, step, device)
             steps.append((fn, grid, step))
@@ -592,15 +593,16 @@ class HipRuntime(DriverRuntime):
         except Exception:  # a code hip-python does not know
             return error_name(code)
 
-    def resident_grid(self, fn, step: Launch, device: int) -> int:
-        """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""
-        key = (device, step.kernel, step.block, step.shared_mem)
+    def _handle(self, device: int, dtype: str, kernel: str, shared_mem: int):
+        return self.function(device, dtype, kernel)
+
+    def _blocks_per_multiprocessor(self, fn, kernel: str, block: int, shared_mem: int, device: int) -> int:
+        key = (device, kernel, block, shared_mem)
         per_cu = self._occupancy.get(key)
         if per_cu is None:
-            per_cu = int(self._call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn, step.block,
-                                    step.shared_mem))
+            per_cu = int(self._call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn, block, shared_mem))
             self._occupancy[key] = per_cu
-        return one_wave(step, per_cu, self.profile(device).multiprocessors)
+        return per_cu
 
     def _stream(self, device: int):
         s = self._streams.get(device)

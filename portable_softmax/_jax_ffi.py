@@ -208,16 +208,23 @@ def _plan_call(vendor: str, shape: tuple[int, ...], dtype: str, axis: int, op: s
     else:
         the_plan = plan(problem_for(dtype, op, safe, layout, layout, 0, 0), reference)
     nbytes, offsets = the_plan.scratch_layout() if the_plan.scratch else (0, {})
-    devices, functions, grids = [], [], []
+    devices, functions, grids, made = [], [], [], None
     for device in range(rt.device_count):
         if rt.profile(device) != reference:
             continue
         devices.append(device)
-        for step_ in the_plan.launches:
+        steps = []
+        for i, step_ in enumerate(the_plan.launches):
+            # one kernel and block a launch for all devices: those of one profile hold a kernel's blocks alike
+            step_ = rt.resident_step(step_, dtype, device) if made is None else made[i]
             fn = (rt.function(device, dtype, step_.kernel, step_.shared_mem) if vendor == "cuda"
                   else rt.function(device, dtype, step_.kernel))
             functions.append(int(fn))
+            steps.append(step_)
             grids.append(rt.resident_grid(fn, step_, device))
+        made = made or steps
+    if made:
+        the_plan = replace(the_plan, launches=tuple(made))
     buffers = BUFFERS[kind]
     starts, kinds, values = [0], [], []
     for step_ in the_plan.launches:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import _launch
 from ._launch import XY, PackedArgs, compiled_launcher, cooperative_launch_status, launcher_kind
-from .planner import PTR, DeviceProfile, Launch, Plan
+from .planner import PTR, DeviceProfile, Launch, Plan, one_wave, resident_launch
 
 #: a prepared launcher: launcher(x_ptr, y_ptr, stream) replays a plan's launches (a gradient's:
 #: launcher(dy_ptr, y_ptr, dx_ptr, stream))
@@ -67,6 +68,11 @@ class Runtime(Protocol):
     def function(self, device: int, dtype: str, name: str, shared_mem: int = 0) -> Any:
         """The handle of kernel ``name`` of a dtype's module on ``device``, able to take ``shared_mem``
         bytes of dynamic shared memory."""
+        ...
+
+    def resident_step(self, step: Launch, dtype: str, device: int) -> Launch:
+        """``step`` with the kernel, block and grid it launches with on ``device``
+        (planner.resident_launch with the kernels' occupancy there)."""
         ...
 
     def resident_grid(self, fn: Any, step: Launch, device: int) -> int:
@@ -154,7 +160,30 @@ class DriverRuntime:
     def _describe_error(self, code: int) -> str:
         raise NotImplementedError
 
+    def _handle(self, device: int, dtype: str, kernel: str, shared_mem: int) -> Any:
+        """The kernel's function handle, able to take ``shared_mem`` bytes of dynamic shared memory."""
+        raise NotImplementedError
+
+    def _blocks_per_multiprocessor(self, fn: Any, kernel: str, block: int, shared_mem: int, device: int) -> int:
+        """The kernel's occupancy: its blocks of ``block`` threads (and ``shared_mem`` bytes) that a
+        multiprocessor of ``device`` holds at once."""
+        raise NotImplementedError
+
     # ---- shared ---------------------------------------------------------------------------------
+    def resident_step(self, step: Launch, dtype: str, device: int) -> Launch:
+        """``step`` with the kernel, block and grid it launches with (planner.resident_launch with the
+        device's occupancy for its kernels)."""
+        def blocks_at(kernel: str, block: int) -> int:
+            fn = self._handle(device, dtype, kernel, step.shared_mem)
+            return self._blocks_per_multiprocessor(fn, kernel, block, step.shared_mem, device)
+
+        return resident_launch(step, blocks_at)
+
+    def resident_grid(self, fn: Any, step: Launch, device: int) -> int:
+        """planner.one_wave with the device's occupancy for this kernel, block and shared memory."""
+        return one_wave(step, self._blocks_per_multiprocessor(fn, step.kernel, step.block, step.shared_mem, device),
+                        self.profile(device).multiprocessors)
+
     def bind(self, device: int) -> None:
         """Make sure the calling thread holds the device's context where it already reports the device
         (a driver launch needs one): nothing where the vendor binds it itself."""
@@ -211,7 +240,8 @@ class DriverRuntime:
             steps = self._steps(plan, dtype, device)
         entry_point, fast = self.launch_entry_point(), None
         if entry_point:  # handles become integers only where a real runtime made them
-            fast = compiled_launcher(entry_point, plan, [int(fn) for fn, _, _ in steps], [g for _, g, _ in steps],
+            made = replace(plan, launches=tuple(step for _, _, step in steps))  # blocks as launched
+            fast = compiled_launcher(entry_point, made, [int(fn) for fn, _, _ in steps], [g for _, g, _ in steps],
                                      buffers, describe=self._describe_error,
                                      cooperative_entry_point=self.cooperative_entry_point(), pointers=pointers)
         if fast is not None:

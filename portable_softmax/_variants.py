@@ -583,6 +583,16 @@ def grad_rows_from_input_name(dtype: str, op: str, warp: int, lanes: int, slots:
     return f"ps_bwd_from_input_rows_{DTYPES[dtype][0]}_{op}_w{warp}_g{lanes}_s{slots}_v{vec}"
 
 
+def fitted_name(kernel: str) -> str:
+    """A block a row's kernel (grad_rows_name, grad_rows_from_input_name) built to run at fewer
+    threads than its shape's, its stride between a thread's slots the block's threads
+    (backward.cuh slot_stride)."""
+    for kind in ("ps_bwd_rows_", "ps_bwd_from_input_rows_"):
+        if kernel.startswith(kind):
+            return kind + "fitted_" + kernel[len(kind):]
+    raise ValueError(f"{kernel} is no block a row's kernel")
+
+
 def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, int]]:
     """The grad_rows shapes whose gradient from x is built: those that take one row a step, and for
     16-bit elements those of whole rows in 16-byte slots alone (the kernel tests no slot, and the
@@ -597,16 +607,19 @@ def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, i
 
 def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[Entry]:
     """The rows regime's gradient entries at one width: from y for each of ``shapes``, and from x
-    beside those of grad_from_input_shapes."""
+    beside those of grad_from_input_shapes; blocks a row (more lanes than a warp) also fitted."""
     tag, ctype, _ = DTYPES[dtype]
     from_input = set(grad_from_input_shapes(dtype, warp, vec))
     out = []
     for lanes, slots in shapes:
         args = (tag, ctype, op, OPS[op], warp, lanes, slots, vec)
-        out.append(Entry(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_ENTRY", args))
+        names = [(grad_rows_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS")]
         if (lanes, slots) in from_input:
-            out.append(Entry(grad_rows_from_input_name(dtype, op, warp, lanes, slots, vec),
-                             "PS_GRAD_ROWS_FROM_INPUT_ENTRY", args))
+            names.append((grad_rows_from_input_name(dtype, op, warp, lanes, slots, vec), "PS_GRAD_ROWS_FROM_INPUT"))
+        for name, macro in names:
+            out.append(Entry(name, macro + "_ENTRY", args))
+            if lanes > warp:
+                out.append(Entry(fitted_name(name), macro + "_FITTED_ENTRY", args))
     return out
 
 

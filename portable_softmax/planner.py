@@ -113,6 +113,12 @@ class Launch:
     #: the runtime cuts the grid to one wave of resident blocks (grid-stride loops do the rest);
     #: False launches it as planned, a block per share of the work
     cut_to_one_wave: bool = True
+    #: a block a row (0 elsewhere): the fewest threads, whole warps, that hold the row, the kernel
+    #: that strides by the block's threads to run at them, and a grid of a block per row. The
+    #: runtime launches with them as the kernels' occupancy says (resident_launch).
+    fitted_block: int = 0
+    fitted_kernel: str = ""
+    row_grid: int = 0
 
 
 #: alignment of each buffer in a plan's scratch allocation
@@ -495,6 +501,36 @@ def one_wave(launch: Launch, blocks_per_multiprocessor: int, multiprocessors: in
         raise PlanError(f"{launch.kernel} needs {launch.min_grid} resident blocks; the device holds {resident}")
     grid = min(launch.grid, resident)
     return grid - grid % launch.min_grid
+
+
+def resident_launch(launch: Launch, blocks_at: Callable[[str, int], int]) -> Launch:
+    """The kernel, block and grid a runtime launches ``launch`` with, ``blocks_at(kernel, threads)``
+    giving a kernel's blocks a multiprocessor at blocks of that many threads (its occupancy, which
+    its registers set as much as its threads).
+
+    A block a row takes its fitted kernel and block where they hold more blocks a multiprocessor
+    than the shape's: more rows in flight. Fewer threads holding no more rows only lose the warps
+    that hide a row's reduction and stores. With two or more blocks resident it takes a block per
+    row, each block's start hidden by its neighbours' work, and no tail of blocks looping over
+    their last rows; one resident block keeps the grid-stride loop, which spares it a block's start
+    between rows (docs/design.md).
+
+    >>> step = Launch("k", 4224, 512, 0, (), cut_to_one_wave=False, fitted_block=288, fitted_kernel="k_fitted",
+    ...               row_grid=8192)
+    >>> made = resident_launch(step, lambda kernel, threads: 2 if threads <= 288 else 1)
+    >>> made.kernel, made.block, made.grid
+    ('k_fitted', 288, 8192)
+    >>> resident_launch(step, lambda kernel, threads: 1).grid
+    4224
+    """
+    if not launch.fitted_block:
+        return launch
+    kernel, block, resident = launch.kernel, launch.block, blocks_at(launch.kernel, launch.block)
+    if launch.fitted_block < launch.block:
+        fitted = blocks_at(launch.fitted_kernel, launch.fitted_block)
+        if fitted > resident:
+            kernel, block, resident = launch.fitted_kernel, launch.fitted_block, fitted
+    return replace(launch, kernel=kernel, block=block, grid=launch.row_grid if resident >= 2 else launch.grid)
 
 
 def _check_common(dtype: str, op: str, device: DeviceProfile) -> None:

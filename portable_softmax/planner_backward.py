@@ -183,8 +183,18 @@ def _rows_plan(p: GradRowProblem, device: DeviceProfile, s: _Shape, lanes: int, 
     rows_a_block = threads // lanes * V.grad_rows_batch(p.dtype, warp, lanes, slots, s.vec) if lanes <= warp else 1
     name = V.grad_rows_name(p.dtype, p.op, warp, lanes, slots, s.vec)
     args = ((PTR, "dy"), (PTR, "y"), (PTR, "dx"), *_row_args(p), (I32, int(p.safe)))
-    launch = Launch(name, grid_for(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False)
+    fitted = {"fitted_block": block_threads(s.slots, lanes, slots, warp), "fitted_kernel": V.fitted_name(name),
+              "row_grid": _work_grid(p.rows, device)} if lanes > warp else {}
+    launch = Launch(name, grid_for(ceil(p.rows / rows_a_block), device), threads, 0, args, cut_to_one_wave=False,
+                    **fitted)
     return Plan(tier, (launch,), notes={"lanes": lanes, "slots": slots, "vec": s.vec}, scratch_zeroed=False)
+
+
+def block_threads(slots: int, shape_threads: int, per_thread: int, warp: int) -> int:
+    """The fewest threads, whole warps, whose ``per_thread`` slots each hold a row of ``slots``
+    slots, at most the block shape's: a row a little longer than the shape below would leave up to
+    half of the shape's threads empty (planner.resident_launch chooses between them)."""
+    return min(shape_threads, ceil(ceil(slots / per_thread) / warp) * warp)
 
 
 def _block_shape(dtype: str, device: DeviceProfile, s: _Shape) -> tuple[int, int] | None:
@@ -471,7 +481,8 @@ def _reading_x(the_plan: Plan, kernel: str, **changes) -> Plan:
     reading buffer "x" where it read "y" (the plan's other fields as ``changes`` says)."""
     launch = the_plan.launches[0]
     args = tuple((kind, "x") if (kind, value) == (PTR, "y") else (kind, value) for kind, value in launch.args)
-    return replace(the_plan, launches=(replace(launch, kernel=kernel, args=args),), **changes)
+    fitted = V.fitted_name(kernel) if launch.fitted_kernel else ""
+    return replace(the_plan, launches=(replace(launch, kernel=kernel, args=args, fitted_kernel=fitted),), **changes)
 
 
 def _cached_from_input(problem: GradRowProblem, device: DeviceProfile, tuning: GradTuning,

@@ -287,10 +287,20 @@ template <int WARP, typename C> PS_DEVICE InputSums<C> sums_over_block(InputSums
   return v;
 }
 
+// The stride between a thread's slots of a row: the group's lanes, the block shape's threads, or
+// (FITTED) the block's threads as launched: fewer than the shape's, whole warps, where a row would
+// leave the shape's last threads empty (planner.resident_launch). A kernel of its own: the shape's,
+// its stride a constant, folds each slot's offset into its loads (docs/design.md).
+template <int GROUP, bool FITTED> PS_DEVICE int slot_stride() { return FITTED ? PS_BLOCK_DIM_X : GROUP; }
+// ... and a slot's index: 32-bit where the stride is not a constant (the fitted float32 kernels took
+// 96 registers so, 102 at 64 bits: two blocks of 9 warps a multiprocessor against one)
+template <bool FITTED> using SlotIndex = typename type_if<FITTED, int, i64>::type;
+
 // From the row's held dy and x (SLOTS slots a thread): the forward's finish of x (y_of) and the
 // gradient's total, as grad_rows then takes them from y. WHOLE: every slot of the row is full (no
 // test of each element); a 16-bit slot's terms are summed in float first, as grad_rows' are.
-template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOLE = false> struct InputRow {
+template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOLE = false, bool FITTED = false>
+struct InputRow {
   typedef typename compute_of<T>::type C;
   typedef typename type_if<kWide16Bit<T, VEC>, C, double>::type Part;
   // float16 rows' max from the raw pairs, two values an instruction, widened once: a float16 value
@@ -302,13 +312,14 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
 
   PS_DEVICE InputRow(const GradRow<T, VEC>& g, const Vec<T, VEC>* dy, const Vec<T, VEC>* x, bool active, int lane,
                      bool safe) {
+    const int stride = slot_stride<GROUP, FITTED>();
     C top = ps_neg_inf<C>();
     if constexpr (kPackedMax) {
       top = max_of_whole_slots(g, x, active, lane);
     } else {
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
-        const i64 k = lane + (i64)s * GROUP;
+        const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
         C v[VEC];
         widen(x[s], v);
 #pragma unroll
@@ -326,7 +337,7 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
     InputSums<C> sums = {0.0, C(0)};
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
+      const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
       if (!active || k >= g.slots) continue;
       C dv[VEC], v[VEC];
       widen(dy[s], dv);
@@ -359,12 +370,13 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
 
   PS_DEVICE static C max_of_whole_slots(const GradRow<T, VEC>& g, const Vec<T, VEC>* x, bool active, int lane) {
     Vec<T, 2> pair;
+    const int stride = slot_stride<GROUP, FITTED>();
     pair.v[0] = pair.v[1] = from_compute<T>(ps_neg_inf<C>());
     unsigned top;
     memcpy(&top, &pair, 4);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      if (!active || lane + (i64)s * GROUP >= g.slots) continue;
+      if (!active || lane + (SlotIndex<FITTED>)s * stride >= g.slots) continue;
       unsigned words[VEC / 2];
       memcpy(words, &x[s], sizeof(words));
 #pragma unroll
@@ -378,7 +390,7 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
 };
 
 // ---- rows in registers: a group of GROUP lanes a row (GROUP <= WARP), or a block a row ----------
-// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + GROUP, ...),
+// Each thread holds SLOTS slots of dy and y as stored (the group's slots lane, lane + stride, ...),
 // so the row is read once and written once. Groups of a warp step through rows together (a row
 // past the end takes part in the shuffles and stores nothing).
 // FROM_INPUT: y holds the forward's input x (InputRow: the row's max and sums from it, and each
@@ -386,7 +398,8 @@ template <int OP, int WARP, int GROUP, int SLOTS, typename T, int VEC, bool WHOL
 // WHOLE: every slot of every row is full (the launch's rows start on a vector and hold whole
 // vectors). For 16-bit elements in 16-byte slots held several a thread, the test of each slot
 // (three a slot: load, sum, store) held rows at 62-99% of the copy (docs/design.md).
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT, bool WHOLE>
+// FITTED: a block a row launched with the block's threads as its stride (slot_stride).
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT, bool WHOLE, bool FITTED>
 PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
   typedef typename compute_of<T>::type C;
   constexpr bool kBlock = GROUP > WARP;
@@ -401,6 +414,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
   const int lane = kBlock ? PS_THREAD_X : PS_THREAD_X % GROUP;
   const i64 groups = kBlock ? 1 : PS_BLOCK_DIM_X / GROUP;
   const i64 group = kBlock ? 0 : PS_THREAD_X / GROUP;
+  const int stride = slot_stride<GROUP, FITTED>();
   for (i64 base = (i64)PS_BLOCK_X * groups; base < rows; base += (i64)PS_GRID_DIM_X * groups) {
     const i64 row = base + group;
     const bool active = row < rows;
@@ -409,15 +423,15 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
     Vec<T, VEC> a[SLOTS], b[SLOTS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
+      const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
       if (active && (kPeeled ? g.full(k) : k < g.slots)) g.load(k, a[s], b[s], kSlotsWhole);
     }
     if constexpr (FROM_INPUT) {
-      const InputRow<OP, WARP, GROUP, SLOTS, T, VEC, WHOLE> in(g, a, b, active, lane, safe != 0);
+      const InputRow<OP, WARP, GROUP, SLOTS, T, VEC, WHOLE, FITTED> in(g, a, b, active, lane, safe != 0);
       const typename Backward<OP>::template Finish<C> f(in.total, safe != 0);
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
-        const i64 k = lane + (i64)s * GROUP;
+        const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
         if (active && k < g.slots) g.store(k, a[s], b[s], f, in.y_of, WHOLE);
       }
       continue;
@@ -425,7 +439,7 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
     GradAccumulator<OP, C> acc;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
+      const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
       if (active && (kPeeled ? g.full(k) : k < g.slots)) g.template add<OP, kSlotInFloat>(k, a[s], b[s], acc, kSlotsWhole);
     }
     if constexpr (kPeeled) g.add_edge(active ? lane : -1, acc);
@@ -438,19 +452,19 @@ PS_DEVICE void grad_rows_of(const T* dy, const T* y, T* dx, i64 rows, i64 cols, 
     const typename Backward<OP>::template Finish<C> f(total, safe != 0);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
-      const i64 k = lane + (i64)s * GROUP;
+      const SlotIndex<FITTED> k = lane + (SlotIndex<FITTED>)s * stride;
       if (active && (kPeeled ? g.full(k) : k < g.slots)) g.store(k, a[s], b[s], f, YAsStored(), kSlotsWhole);
     }
     if constexpr (kPeeled) g.store_edge(active ? lane : -1, f);
   }
 }
 
-template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false>
+template <typename T, int OP, int WARP, int GROUP, int SLOTS, int VEC, bool FROM_INPUT = false, bool FITTED = false>
 PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64 dys, i64 ys, i64 dxs, int safe) {
   if constexpr (FROM_INPUT && kWide16Bit<T, VEC>) {
     // built for whole rows alone (planner_backward.plan_backward_from_input plans it for no others),
     // so no element is tested and no second path takes registers
-    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true, FITTED>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
   } else {
     // the layouts planned for whole rows (planner_backward): a warp of 2 slots a lane, or a block
     if constexpr (kWide16Bit<T, VEC> && SLOTS > 1 && (SLOTS <= 2 || GROUP > WARP)) {
@@ -458,11 +472,11 @@ PS_DEVICE void grad_rows(const T* dy, const T* y, T* dx, i64 rows, i64 cols, i64
       const bool whole = reinterpret_cast<unsigned long long>(dy) % sizeof(Vec<T, VEC>) == 0 && dys % VEC == 0 &&
                          cols % VEC == 0;
       if (whole) {
-        grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+        grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, true, FITTED>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
         return;
       }
     }
-    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, false>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
+    grad_rows_of<T, OP, WARP, GROUP, SLOTS, VEC, FROM_INPUT, false, FITTED>(dy, y, dx, rows, cols, dys, ys, dxs, safe);
   }
 }
 
@@ -1121,6 +1135,24 @@ const int kGradStreamThreads = 256;       // the two-pass split
     ps::grad_rows<T, OP, W, G, S, V, true>(dy, x, dx, rows, cols, dys, xs, dxs, safe);                   \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
+
+// A block a row's kernels at fewer threads than the shape's (slot_stride's FITTED), from y and from x.
+#define PS_GRAD_ROWS_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                            \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true>(G)))                        \
+      ps_bwd_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(const T* dy, const T* y, T* dx,          \
+                                                                  ps::i64 rows, ps::i64 cols, ps::i64 dys, \
+                                                                  ps::i64 ys, ps::i64 dxs, int safe) {      \
+    ps::grad_rows<T, OP, W, G, S, V, false, true>(dy, y, dx, rows, cols, dys, ys, dxs, safe);            \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
+#define PS_GRAD_ROWS_FROM_INPUT_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                 \
+  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true, true>(G)))                  \
+      ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                            \
+          const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs,           \
+          ps::i64 dxs, int safe) {                                                                       \
+    ps::grad_rows<T, OP, W, G, S, V, true, true>(dy, x, dx, rows, cols, dys, xs, dxs, safe);             \
+  }                                                                                                      \
+  PS_EXPORT_KERNEL(ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
 #define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE, FROM_INPUT)                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, (ps::grad_cached_min_blocks<T, V, FROM_INPUT>())) \

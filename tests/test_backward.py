@@ -570,6 +570,51 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
     assert tiers == ({"warp", "block", "cached"} if V.DTYPES[dtype][2] != 2 or offset == 0 else {"cached"})
 
 
+#: rows a block a row holds in fewer threads than its shape (a row a little past the shape below),
+#: on the emulated profile at warp 32 or 64 (a warp holds some of them at 64, or misaligned): float32
+#: and float64 in blocks of 8 slots a thread, 16-bit ones of 4, and whole 16-bit rows of 2
+FITTED_SHAPES = {"float32": [(5, 1100), (3, 4200), (4, 2100)], "float64": [(5, 700), (3, 2100)],
+                 "bfloat16": [(5, 2056), (3, 4200), (4, 1032)], "float16": [(5, 2056), (3, 4200), (4, 1032)]}
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_blocks_a_row_launch_at_the_fewest_warps_that_hold_it(runtime, rng, dtype, op, offset):
+    """A block a row's kernel strides by the block's threads: launched at its fitted block (the
+    emulation takes it wherever that holds more blocks by threads), from y and from x."""
+    launched = []
+    for rows, cols in FITTED_SHAPES[dtype]:
+        problem = GradRowProblem(dtype, op, rows, cols, misaligns=(offset,) * 3)
+        the_plan = plan_backward(problem, runtime.profile(0))
+        step = the_plan.launches[0]
+        if the_plan.tier != "block":
+            assert not step.fitted_block, step
+            continue
+        if step.fitted_block == step.block:
+            continue
+        made = planner.resident_launch(step, lambda kernel, block, step=step:
+                                       runtime._blocks_per_multiprocessor(step, block))
+        assert (made.kernel, made.block, made.grid) == (step.fitted_kernel, step.fitted_block, rows)
+        launched.append(made.block)
+        y = forward_output(rng, (rows, cols), 1, op, dtype)
+        dy = rng.standard_normal((rows, cols)).astype(y.dtype)
+        got = runtime._run(the_plan, {"dy": (dy, offset), "y": (y, offset)}, ("dx", offset))
+        assert_gradient(got, dy, y, 1, op, f"{dtype} {rows}x{cols}+{offset} {step.kernel} at {made.block} threads")
+        from_x = plan_backward_from_input(problem, runtime.profile(0))
+        if from_x is None:  # 16-bit rows of partial slots: none built
+            assert V.DTYPES[dtype][2] == 2 and not whole_rows(problem, 8)
+            continue
+        assert from_x.launches[0].fitted_block == step.fitted_block
+        assert from_x.launches[0].fitted_kernel == V.fitted_name(from_x.launches[0].kernel)
+        x = (rng.standard_normal((rows, cols)) * 3).astype(NUMPY_DTYPES[dtype])
+        got = run_from_input(runtime, dy, x, from_x, (offset,) * 3)
+        bad = _tolerance.outside(got, gradient_from_input_reference(dy, x, op))
+        assert not bad.any(), f"{dtype} {rows}x{cols}+{offset} {from_x.launches[0].kernel}: {int(bad.sum())} outside"
+    assert launched, f"no shape of {FITTED_SHAPES[dtype]} took a fitted block"
+    assert all(block % runtime.profile(0).warp_size == 0 for block in launched)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("safe", [False, True])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -735,8 +780,8 @@ def _witness_problems(dtype: str):
 @pytest.mark.parametrize("backend", BUILT_PROFILES)
 @pytest.mark.parametrize("dtype", V.DTYPES)
 def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
-    """Every gradient kernel a backend's build carries (from y, and from x) is planned for some shape
-    on one of its profiles, and every plan names one it carries."""
+    """Every gradient kernel a backend's build carries (from y, and from x; a block a row's fitted
+    ones too) is planned for some shape on one of its profiles, and every plan names one it carries."""
     built = V.backward_catalogue(dtype, backend)
     planned = set()
     for device in BUILT_PROFILES[backend]:
@@ -747,7 +792,8 @@ def test_built_gradient_kernels_are_the_plannable_ones(backend, dtype):
                 plans.append(plan_split_passes(problem, device))
             else:  # and its passes apart (an axis sharded across ranks)
                 plans.append(plan_strided_passes(problem, device))
-            names = {launch.kernel for p in plans if p is not None for launch in p.launches}
+            launches = [launch for p in plans if p is not None for launch in p.launches]
+            names = {launch.kernel for launch in launches} | {s.fitted_kernel for s in launches if s.fitted_kernel}
             assert names <= built, (device.name, problem, names - built)
             planned |= names
     assert built == planned, f"built for {backend}, planned on no profile: {sorted(built - planned)}"
@@ -842,6 +888,63 @@ def test_plans_respect_the_launch_limits(profile):
             if isinstance(problem, GradRowProblem) and the_plan.tier == "warp":
                 lanes, slots, vec = (the_plan.notes[k] for k in ("lanes", "slots", "vec"))
                 assert lanes * slots * vec >= problem.cols  # the row fits what the lanes hold
+            if isinstance(problem, GradRowProblem) and the_plan.tier == "block":
+                _assert_fitted_block(problem, the_plan, device)
+            else:
+                assert all(not s.fitted_block and not s.row_grid for s in the_plan.launches), the_plan
+
+
+def _assert_fitted_block(problem: GradRowProblem, the_plan, device: DeviceProfile) -> None:
+    """A block a row's fitted block: the fewest whole warps whose slots hold the row, at most the
+    shape's threads; its row grid a block per row."""
+    (launch,) = the_plan.launches
+    warp, per_thread = device.warp_size, the_plan.notes["slots"]
+    slots = grad_slots(problem, the_plan.notes["vec"])
+    assert launch.block == the_plan.notes["lanes"] and launch.fitted_block % warp == 0
+    assert launch.fitted_kernel == V.fitted_name(launch.kernel)
+    assert warp <= launch.fitted_block <= launch.block
+    assert launch.fitted_block * per_thread >= slots > (launch.fitted_block - warp) * per_thread or \
+        launch.fitted_block == launch.block
+    assert launch.row_grid == min(problem.rows, device.max_grid_x)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_rows_a_little_past_a_block_shape_fit_their_blocks_to_whole_warps(profile):
+    device = PROFILES[profile]
+    warp = device.warp_size
+    cases = {("float32", 8200): (512, 2050 / 8), ("float32", 4100): (256, 1025 / 8),
+             ("bfloat16", 16400): (1024, 2050 / 4), ("float16", 6144): (256, 768 / 4)}
+    for (dtype, cols), (shape_threads, needed) in cases.items():
+        the_plan = plan_backward(GradRowProblem(dtype, "softmax", 4096, cols), device)
+        if shape_threads > device.max_threads_per_block:
+            continue
+        (launch,) = the_plan.launches
+        assert the_plan.tier == "block" and launch.block == shape_threads, (dtype, cols, launch)
+        assert launch.fitted_block == min(shape_threads, ceil(ceil(needed) / warp) * warp) < shape_threads
+        _assert_fitted_block(GradRowProblem(dtype, "softmax", 4096, cols), the_plan, device)
+        from_x = plan_backward_from_input(GradRowProblem(dtype, "softmax", 4096, cols), device)
+        assert from_x.launches[0].fitted_block == launch.fitted_block  # the same rows, read from x
+
+
+def test_the_runtime_takes_a_fitted_block_where_it_holds_more_blocks():
+    step = planner.Launch("k", 4224, 512, 0, (), cut_to_one_wave=False, fitted_block=288, fitted_kernel="f",
+                          row_grid=8192)
+    asked = []
+
+    def blocks(per_kernel):
+        return lambda kernel, threads: asked.append((kernel, threads)) or per_kernel[kernel]
+
+    more = planner.resident_launch(step, blocks({"k": 1, "f": 2}))
+    assert (more.kernel, more.block, more.grid) == ("f", 288, 8192)  # two rows a multiprocessor, a block a row
+    assert asked == [("k", 512), ("f", 288)]  # each kernel's occupancy at its own block
+    same = planner.resident_launch(step, blocks({"k": 1, "f": 1}))
+    assert (same.kernel, same.block, same.grid) == ("k", 512, 4224)  # no more rows: the shape, grid-stride
+    several = planner.resident_launch(step, blocks({"k": 3, "f": 3}))
+    assert (several.kernel, several.block, several.grid) == ("k", 512, 8192)  # the shape, a block a row
+    full = replace(step, fitted_block=512)
+    assert planner.resident_launch(full, blocks({"k": 4})) == replace(full, grid=8192)
+    other = planner.Launch("k", 100, 256, 0, ())
+    assert planner.resident_launch(other, lambda kernel, threads: 1 / 0) is other  # no fitted block: as planned
 
 
 @pytest.mark.parametrize("warp", WARPS)

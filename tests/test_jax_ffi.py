@@ -28,7 +28,7 @@ import portable_softmax as ps
 from portable_softmax import _jax, _jax_ffi, _probe
 from portable_softmax.api import problem_for
 from portable_softmax.layout import describe
-from portable_softmax.planner import DeviceProfile, one_wave, plan
+from portable_softmax.planner import DeviceProfile, one_wave, plan, resident_launch
 from portable_softmax.planner_backward import GradRowProblem, plan_backward, plan_backward_from_input
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
@@ -286,17 +286,28 @@ class StandInRuntime:
     def function(self, device: int, dtype: str, name: str, shared_mem: int = 0) -> int:
         return self.handles.setdefault((device, name), 0x1000 * (len(self.handles) + 1) + device)
 
+    def resident_step(self, step, dtype: str, device: int):
+        return stand_in_step(step, self._profile)
+
     def resident_grid(self, fn: int, step, device: int) -> int:
         return stand_in_grid(step, self._profile)
 
 
+def stand_in_blocks(step, block: int, device: DeviceProfile) -> int:
+    """The stand-in's occupancy: blocks a multiprocessor as threads and shared memory (and the
+    runtime's 1 KiB reserve a block) allow, at most the 5 of the on-chip split's launch bound."""
+    return min(5, device.max_threads_per_multiprocessor // block,
+               device.shared_mem_per_multiprocessor // (step.shared_mem + 1024 + 256))
+
+
+def stand_in_step(step, device: DeviceProfile):
+    """planner.resident_launch with the stand-in's occupancy."""
+    return resident_launch(step, lambda kernel, block: stand_in_blocks(step, block, device))
+
+
 def stand_in_grid(step, device: DeviceProfile) -> int:
-    """planner.one_wave with the stand-in's occupancy: blocks a multiprocessor as threads and shared
-    memory (and the runtime's 1 KiB reserve a block) allow, at most the 5 of the on-chip split's
-    launch bound."""
-    per_sm = min(5, device.max_threads_per_multiprocessor // step.block,
-                 device.shared_mem_per_multiprocessor // (step.shared_mem + 1024 + 256))
-    return one_wave(step, per_sm, device.multiprocessors)
+    """planner.one_wave with the stand-in's occupancy."""
+    return one_wave(step, stand_in_blocks(step, step.block, device), device.multiprocessors)
 
 
 @pytest.fixture
@@ -347,11 +358,12 @@ def test_cuda_and_rocm_lowering_holds_the_custom_call_with_the_plan(stand_in, pl
     expected = _expected_plan(shape, dtype, axis, op)
     nbytes = expected.scratch_layout()[0] if expected.scratch else 0
     assert f"tensor<{max(1, nbytes)}xui8>" in text, "the workspace result holds the plan's scratch"
-    assert _attribute(text, "blocks") == [s.block for s in expected.launches]
+    made = [stand_in_step(s, DeviceProfile.h100()) for s in expected.launches]
+    assert _attribute(text, "blocks") == [s.block for s in made]
     assert _attribute(text, "shared") == [s.shared_mem for s in expected.launches]
     assert _attribute(text, "devices") == [0, 1]
     assert len(_attribute(text, "functions")) == 2 * len(expected.launches)
-    assert _attribute(text, "grids") == [stand_in_grid(s, DeviceProfile.h100()) for s in expected.launches] * 2
+    assert _attribute(text, "grids") == [stand_in_grid(s, DeviceProfile.h100()) for s in made] * 2
     assert _attribute(text, "zero_bytes") == [nbytes if expected.scratch_zeroed else 0]
     starts, kinds = _attribute(text, "arg_starts"), _attribute(text, "arg_kinds")
     assert starts[-1] == len(kinds) == sum(len(s.args) for s in expected.launches)
@@ -397,8 +409,8 @@ def test_grad_of_a_long_row_lowers_to_the_forward_and_the_gradient_kernels(stand
     problem = GradRowProblem("float32", op, *shape, strides, (0, 0, 0), safe=True)
     assert plan_backward_from_input(problem, DeviceProfile.h100()) is None
     expected = plan_backward(problem, DeviceProfile.h100())
-    assert _attribute(backward, "blocks") == [s.block for s in expected.launches]
-    assert _kernels(stand_in, backward) == [s.kernel for s in expected.launches]
+    assert _attribute(backward, "blocks") == [stand_in_step(s, DeviceProfile.h100()).block for s in expected.launches]
+    assert _kernels(stand_in, backward) == [stand_in_step(s, DeviceProfile.h100()).kernel for s in expected.launches]
     kinds = _attribute(backward, "arg_kinds")
     assert kinds.count(_jax_ffi.OPERAND) == 2 * len(expected.launches) and _jax_ffi.RESULT in kinds
     cpu = _cpu_text(loss, jax.ShapeDtypeStruct(shape, jnp.float32))
@@ -545,7 +557,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import portable_softmax as ps
 from portable_softmax import _jax_ffi, _probe
-from portable_softmax.planner import DeviceProfile, one_wave
+from portable_softmax.planner import DeviceProfile, one_wave, resident_launch
 
 mesh = jax.make_mesh((4,), ("d",), devices=jax.devices()[:4])
 rows = NamedSharding(mesh, P("d", None))
@@ -563,6 +575,7 @@ class StandIn:
     device_count = 1
     def profile(self, device): return DeviceProfile.h100()
     def function(self, device, dtype, name, shared_mem=0): return 4096
+    def resident_step(self, step, dtype, device): return resident_launch(step, lambda kernel, block: 2)
     def resident_grid(self, fn, step, device): return one_wave(step, 2, 132)
 
 _probe.runtime = lambda vendor: StandIn()

@@ -18,7 +18,7 @@ import numpy as np
 
 from portable_softmax import _variants as V
 from portable_softmax._launch import PackedArgs
-from portable_softmax.planner import I32, I64, PTR, DeviceProfile, Plan, PlanError, one_wave
+from portable_softmax.planner import I32, I64, PTR, DeviceProfile, Plan, PlanError, one_wave, resident_launch
 
 from .build import SRC_CUDA, BuildError, build_library
 
@@ -176,6 +176,7 @@ class EmulatedRuntime:
         addresses = {name: buf.address for name, buf in buffers.items()}
         addresses.update({arg: addresses[name] for arg, name in (aliases or {}).items()})
         for step in plan.launches:
+            step = resident_launch(step, lambda kernel, block, step=step: self._blocks_per_multiprocessor(step, block))
             self._check_fits(step)
             grid = self.resident_grid(step) if step.cooperative else step.grid
             self.library.launch(step.kernel, self._profile.warp_size, grid, step.block, step.shared_mem,
@@ -195,15 +196,20 @@ class EmulatedRuntime:
     def resident_grid(self, step) -> int:
         """The grid cut to the blocks this profile keeps resident, as the GPU runtimes cut it for
         launches whose blocks wait on each other (the emulation itself runs any number at once)."""
+        try:
+            return one_wave(step, self._blocks_per_multiprocessor(step, step.block), self._profile.multiprocessors)
+        except PlanError as exc:
+            raise EmulationError(str(exc)) from exc
+
+    def _blocks_per_multiprocessor(self, step, block: int) -> int:
+        """Blocks of ``block`` threads a multiprocessor of the profile holds, by threads and shared
+        memory (the emulation knows no registers: it takes a block a row's fitted kernel and block
+        wherever they hold more blocks by threads, so that the suites run those kernels)."""
         p = self._profile
         # what a block occupies beside its dynamic shared memory: reduction scratch and the runtime's 1 KiB
         static_bytes = 2 * (1024 // p.warp_size) * 8 + 1024
-        per_multiprocessor = min(p.max_threads_per_multiprocessor // step.block,
-                                 p.shared_mem_per_multiprocessor // (step.shared_mem + static_bytes))
-        try:
-            return one_wave(step, per_multiprocessor, p.multiprocessors)
-        except PlanError as exc:
-            raise EmulationError(str(exc)) from exc
+        return min(p.max_threads_per_multiprocessor // block,
+                   p.shared_mem_per_multiprocessor // (step.shared_mem + static_bytes))
 
     def _check_fits(self, step) -> None:
         """A launch a real device of this profile would refuse is a planner bug."""
