@@ -19,6 +19,7 @@ import pytest
 from portable_softmax import _hip, _launch, _probe
 from portable_softmax import _variants as V
 from portable_softmax.planner import DeviceProfile, RowProblem, plan
+from portable_softmax.planner_backward import GradRowProblem, plan_backward
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -224,6 +225,8 @@ class FakeHip:
         self.cooperative = []  # the kernels launched through hipModuleLaunchCooperativeKernel
         self.launch_bytes = 0
         self.blocks_per_cu = 2
+        self.blocks_by_kernel: dict[str, int] = {}  # where a kernel's occupancy differs
+        self.occupancy_asked: list[tuple[str, int]] = []
         self.current = 0
 
     def _ok(self, *values):
@@ -279,7 +282,8 @@ class FakeHip:
         return self._ok()
 
     def hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, block, smem):
-        return self._ok(self.blocks_per_cu)
+        self.occupancy_asked.append((fn[1], block))
+        return self._ok(self.blocks_by_kernel.get(fn[1], self.blocks_per_cu))
 
     def hipStreamCreateWithFlags(self, flags):
         return self._ok(0x5EED)
@@ -433,6 +437,25 @@ def test_otherwise_every_launch_is_plain(fake_runtime, monkeypatch, asked, in_ru
     assert fake.cooperative == []
     assert [c[1] for c in fake.calls if c[0] == "launch"] == [s.kernel for s in the_plan.launches]
     assert rt.cooperative_launch().startswith("plain (")
+
+
+@pytest.mark.parametrize("fitted_holds, takes_fitted", [(3, True), (2, False)], ids=["more-blocks", "as-many"])
+def test_a_block_a_row_takes_its_fitted_kernel_where_that_holds_more_blocks(fake_runtime, fitted_holds, takes_fitted):
+    """The adapter asks the occupancy of the shape's kernel at its block and of the fitted kernel at
+    the fitted block, and launches the fitted pair only where it holds more blocks a multiprocessor
+    (a block per row then, two or more being resident)."""
+    rt, fake = fake_runtime
+    the_plan = plan_backward(GradRowProblem("float32", "log_softmax", 4096, 8200), rt.profile(0))
+    (step,) = the_plan.launches
+    assert the_plan.tier == "block" and step.fitted_block < step.block, step
+    fake.blocks_by_kernel = {step.kernel: 2, step.fitted_kernel: fitted_holds}
+    rt.launch(the_plan, "float32", {"dy": 0, "y": 0, "dx": 0}, 0, 0)
+    assert (step.kernel, step.block) in fake.occupancy_asked
+    assert (step.fitted_kernel, step.fitted_block) in fake.occupancy_asked
+    launches = [c for c in fake.calls if c[0] == "launch"]
+    expected = (step.fitted_kernel, step.fitted_block) if takes_fitted else (step.kernel, step.block)
+    assert [(c[1], c[3]) for c in launches] == [expected]
+    assert launches[0][2] == step.row_grid == 4096  # two or more resident: a block per row
 
 
 def test_prepared_launcher_reuses_the_plan_with_new_pointers(fake_runtime):
