@@ -1,6 +1,7 @@
 """The development tools' parts that need no GPU: tools/ab_bench.py's variants (Tunings) and spec parsing,
 tools/plan_diff.py (which specs a planner variant changes), tools/ab_builds.py's summary of an
-A/B table and tools/machine_code_diff.py (which kernels' SASS two source trees change; nvcc, no GPU).
+A/B table, tools/grad_ab.py's table and tools/machine_code_diff.py (which kernels' SASS two source
+trees change; nvcc, no GPU).
 tools/concurrent_waits.py needs a GPU: tests/test_gpu.py runs it."""
 
 from __future__ import annotations
@@ -127,3 +128,17 @@ def test_machine_code_diff_refuses_what_is_not_a_cubin_or_a_source_tree(machine_
         machine_code_diff.kernel_code(b"not an elf")
     with pytest.raises(SystemExit):
         machine_code_diff.main([str(tmp_path), str(tmp_path)])
+
+
+def test_grad_ab_table_gives_each_builds_range_over_its_runs(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    grad_ab = importlib.import_module("grad_ab")
+    rows = [{"tag": tag, "spec": "float32:4x8", "op": op, "pct": pct, "err": err}
+            for tag, pct, err in (("old1", 80.0, 1e-7), ("new1", 90.0, 2e-7), ("old2", 82.0, 1e-7),
+                                  ("new2", 90.0, 3e-7))
+            for op in ("softmax_backward", "log_softmax_backward")]
+    rows.append({"tag": "old1", "spec": "float32:4x8", "op": "softmax_backward", "pct": 81.0, "err": 0.0,
+                 "torch": 40.0})
+    lines = grad_ab.table(rows)
+    assert lines[0] == "spec | old | new | torch | max error"
+    assert lines[1] == "float32:4x8 | 80.0-82.0 / 80.0-82.0 | 90.0 / 90.0 | 40.0 / - | 3.00e-07"
