@@ -644,9 +644,10 @@ template <typename T_, int OP> struct GradientShortRows {
 // Each block holds its chunk of the row (SLOTS slots a thread) in registers, publishes the chunk's
 // GradSum, waits for the row's other chunks and finishes from its registers: one read, one write.
 // The grid is cut to whole rows of `chunks` resident blocks, which advance in rounds. The scratch
-// (a GradSum per chunk of each row, as two doubles, and a count per row) is zero at the start and left
-// zero: a row's arrivals tell that the previous row's sums are read, so each block clears its own;
-// the last block to leave the last row clears that one.
+// (a GradSum per chunk of each row, as two PublishedDoubles, and a count per row) is zero at the
+// start and left zero: a row's arrivals tell that the previous row's sums are read, so each block
+// clears its own; the last block to leave the last row clears that one. From y, every thread of a
+// block merges the row's parts, a chunk a thread (so that their polls run side by side).
 // Where copies are asynchronous (kAsyncSlots), the block's next row is copied to shared memory once
 // this row's total is known, so that its loads are in flight while this row is finished and stored
 // (copies issued before the row's chunks meet delay the meeting: docs/design.md); a thread reads
@@ -655,9 +656,47 @@ template <typename T_, int OP> struct GradientShortRows {
 // whole rows); the partial slots at a row's two ends are its edge elements, which chunk 0's threads
 // take one each (GradRow::edge_at). WHOLE: rows of whole slots alone, so no edge code.
 // FROM_INPUT: y holds the forward's input x. A chunk publishes its max of x and its sums relative to
-// it (input_chunk_sums), which warp 0 merges as (m, d) pairs merge; each element's y is then the
+// it (input_chunk_sums) as three doubles, fenced before its arrival is counted, and warp 0 merges
+// the row's chunks as (m, d) pairs merge once all have arrived; each element's y is then the
 // forward's finish of x (YFromInput), as in the rows held in registers (InputRow).
 const int kGradCachedThreads = 256;  // a chunk of the on-chip split (the launch bound)
+
+// The doubles a chunk of the on-chip gradient from y publishes, each one 64-bit word that its readers poll
+// until it lands, as PublishedPairs' float pairs: so no fence comes before the arrival is counted
+// (a fence waits for every earlier write of the thread, the previous row's stores among them, and
+// it sat on the row's path). A word is the double's bits XOR kUnpublished, a NaN pattern that no
+// published double carries (a NaN is published as the canonical one), so a landed word is never
+// the zero the scratch holds.
+struct PublishedDoubles {
+  static constexpr unsigned long long kUnpublished = 0x7ff0000000000001ull;  // a signalling NaN
+  union Word {
+    double value;
+    unsigned long long bits;
+  };
+  double* at;
+  PS_DEVICE void publish(i64 i, double v) const {
+    Word w;
+    w.value = v != v ? ps_nan<double>() : v;
+    PS_PUBLISH_WORD(at + i, w.bits ^ kUnpublished);
+  }
+  // The N words from i once each has landed, as the doubles they hold: the N loads go out together
+  // (one round trip, where a poll of each in turn would take N), then each is polled until it lands.
+  template <int N> PS_DEVICE void read(i64 i, double (&v)[N]) const {
+    Word w[N];
+#pragma unroll
+    for (int f = 0; f < N; ++f) w[f].bits = PS_READ_WORD(at + i + f);
+#pragma unroll
+    for (int f = 0; f < N; ++f) {
+      while (w[f].bits == 0) {
+        PS_SPIN_PAUSE();
+        w[f].bits = PS_READ_WORD(at + i + f);
+      }
+      w[f].bits ^= kUnpublished;
+      v[f] = w[f].value;
+    }
+  }
+  PS_DEVICE void clear(i64 i) const { PS_PUBLISH_WORD(at + i, 0ull); }
+};
 
 // A chunk's part of the gradient from x: max over its x, the sum of exp(x - max), and the gradient's
 // sum relative to that max (of dy exp(x - max) for softmax, of dy for log_softmax), over the block.
@@ -721,10 +760,10 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
   typedef typename type_if<FROM_INPUT, YFromInput<OP, T>, YAsStored>::type YOf;
   constexpr bool kPrefetch = kAsyncSlots<T, VEC>;
   constexpr int kStaged = kPrefetch ? SLOTS * kGradCachedThreads : 1;
-  constexpr int kFields = FROM_INPUT ? 3 : 2;  // doubles a chunk publishes: (sum, top), or InputChunk's
+  constexpr int kFields = FROM_INPUT ? 3 : 2;  // a chunk's words: (sum, top), or InputChunk's
   PS_SHARED_COPY_TARGET(Slot, next_dy, kStaged);
   PS_SHARED_COPY_TARGET(Slot, next_y, kStaged);
-  PS_SHARED double row_total[kFields];
+  PS_SHARED double row_total[kFields];  // from x: the row's sums, as warp 0 merges them
   const i64 rows_per_round = PS_GRID_DIM_X / chunks;
   const i64 chunk = PS_BLOCK_X % chunks;
   if ((i64)PS_BLOCK_X / chunks >= rows_per_round) return;  // the grid's remainder: idle blocks
@@ -746,25 +785,32 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
     const i64 next_row = row + rows_per_round;
     // thread 0, once this block's part is published: the wait for the row's other blocks, then its
     // part of the previous row back to zero (every block of this row has arrived, so each has read
-    // the previous row's parts), and (chunk 0) that row's count
+    // the previous row's parts), and (chunk 0) that row's count. The gradient from y publishes polled
+    // words, with no fence; from x, a chunk's three doubles are fenced before its arrival is counted
+    // and warp 0 merges them once every chunk has arrived (docs/design.md: why the two differ).
     auto arrive_then_clear = [&] {
-      PS_THREAD_FENCE();  // the part visible before the arrival is counted
-      arrive_and_wait(arrivals + row, chunks);
+      if constexpr (FROM_INPUT) {
+        PS_THREAD_FENCE();  // the part visible before the arrival is counted
+        arrive_and_wait(arrivals + row, chunks);
+      } else {
+        arrive_and_wait(arrivals + row, chunks, false);  // the parts are polled words: no fence
+      }
       if (row >= rows_per_round) {
-        volatile double* previous = sums + kFields * (row - rows_per_round) * chunks;
+        const PublishedDoubles previous{sums + kFields * (row - rows_per_round) * chunks};
 #pragma unroll
-        for (int field = 0; field < kFields; ++field) previous[kFields * chunk + field] = 0.0;
+        for (int field = 0; field < kFields; ++field) previous.clear(kFields * chunk + field);
         if (chunk == 0) arrivals[row - rows_per_round] = 0u;
       }
     };
-    volatile double* published;  // this row's parts, kFields doubles a chunk
+    double* const row_parts = sums + kFields * row * chunks;  // this row's parts, kFields a chunk
+    const PublishedDoubles published{row_parts};
     if constexpr (FROM_INPUT) {
-      published = sums + kFields * row * chunks;
       const InputChunk<C> part = input_chunk_sums<OP, WARP, SLOTS, WHOLE>(g, a, b, begin, edge_of_thread);
       if (PS_THREAD_X == 0) {
-        published[3 * chunk] = part.top;
-        published[3 * chunk + 1] = part.d;
-        published[3 * chunk + 2] = part.grad;
+        volatile double* at = row_parts + 3 * chunk;
+        at[0] = part.top;
+        at[1] = part.d;
+        at[2] = part.grad;
       }
       if (PS_THREAD_X == 0) arrive_then_clear();
     } else {
@@ -776,27 +822,28 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
       }
       g.add_edge(edge_of_thread, acc);
       const GradSum<C> part = grad_reduce_block<OP, WARP>(acc.total);
-      published = sums + kFields * row * chunks;
       if (PS_THREAD_X == 0) {
-        published[2 * chunk] = part.sum;
-        published[2 * chunk + 1] = part.top;
+        published.publish(2 * chunk, part.sum);
+        if constexpr (Backward<OP>::kTop) published.publish(2 * chunk + 1, part.top);  // softmax's is unused
         arrive_then_clear();
       }
     }
     PS_SYNC();
-    if (PS_THREAD_X < WARP) {  // warp 0 merges the row's chunks
-      if constexpr (FROM_INPUT) {
-        // the chunks' sums rescaled to the row's max, as (m, d) pairs merge
+    YOf y_of;
+    GradSum<C> total = grad_identity<C>();
+    if constexpr (FROM_INPUT) {
+      if (PS_THREAD_X < WARP) {  // warp 0 merges the chunks' sums, rescaled to the row's max as (m, d) pairs merge
+        const volatile double* parts = row_parts;
         C top = ps_neg_inf<C>();
-        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) top = ps_max_nan(top, static_cast<C>(published[3 * c]));
+        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) top = ps_max_nan(top, static_cast<C>(parts[3 * c]));
         top = max_over_lanes<WARP>(top);
         const ExpMinus<C> exp_minus(top == ps_neg_inf<C>() ? C(0) : top);
         double grad = 0.0;
         C d = C(0);
         for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
-          const C scale = exp_minus(static_cast<C>(published[3 * c]));
-          d += static_cast<C>(published[3 * c + 1]) * scale;
-          grad += OP == kSoftmax ? published[3 * c + 2] * static_cast<double>(scale) : published[3 * c + 2];
+          const C scale = exp_minus(static_cast<C>(parts[3 * c]));
+          d += static_cast<C>(parts[3 * c + 1]) * scale;
+          grad += OP == kSoftmax ? parts[3 * c + 2] * static_cast<double>(scale) : parts[3 * c + 2];
         }
         grad = sum_over_lanes<WARP>(grad);
         d = sum_over_lanes<WARP>(d);
@@ -805,31 +852,29 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
           row_total[1] = top;
           row_total[2] = d;
         }
-      } else {
-        GradSum<C> total = grad_identity<C>();
-        for (i64 c = PS_THREAD_X; c < chunks; c += WARP) {
-          total = grad_combine(total, GradSum<C>{published[2 * c], static_cast<C>(published[2 * c + 1])});
-        }
-        total = grad_reduce_lanes<WARP>(total, Backward<OP>::kTop);
-        if (PS_THREAD_X == 0) {
-          row_total[0] = total.sum;
-          row_total[1] = total.top;
-        }
       }
-    }
-    PS_SYNC();
-    YOf y_of;
-    GradSum<C> total{row_total[0], static_cast<C>(row_total[1])};
-    if constexpr (FROM_INPUT) {
+      PS_SYNC();
       // as InputRow: softmax's sum(dy y) = sum(dy e) / d; the top tells log_softmax's finish a NaN row
       // and a safe empty one
+      total = GradSum<C>{row_total[0], static_cast<C>(row_total[1])};
       const C top = total.top, d = static_cast<C>(row_total[2]);
       y_of = YOf{RowFinish<OP, T>(MD<C>{d == C(0) ? ps_neg_inf<C>() : top, d}, safe != 0)};
       total.sum = OP == kSoftmax ? (d > C(0) ? total.sum / static_cast<double>(d) : 0.0) : total.sum;
       total.top = top != top ? top : (d == C(0) ? ps_neg_inf<C>() : C(0));
+    } else {
+      // Every thread merges its chunks' words (a chunk a thread where chunks <= the block), each read
+      // as it lands, and the block's reduction hands every thread the row's total: the polls run
+      // side by side, where a lane taking several chunks would wait for them one after another.
+      constexpr bool kTop = Backward<OP>::kTop;  // softmax reads the sums alone
+      for (i64 c = PS_THREAD_X; c < chunks; c += PS_BLOCK_DIM_X) {
+        double part[kTop ? 2 : 1];  // (sum, top)
+        published.read(2 * c, part);
+        total = grad_combine(total, GradSum<C>{part[0], kTop ? static_cast<C>(part[kTop]) : ps_neg_inf<C>()});
+      }
+      total = grad_reduce_block<OP, WARP>(total);
     }
     const typename Backward<OP>::template Finish<C> f(total, safe != 0);
-    PS_SYNC();  // row_total is written again for the next row
+    if constexpr (FROM_INPUT) PS_SYNC();  // row_total is written again for the next row
 #if PS_ASYNC_COPY
     if constexpr (kPrefetch) {
       if (next_row < rows) {
@@ -872,7 +917,7 @@ PS_DEVICE void grad_split_cached(const T* dy, const T* y, T* dx, double* sums,
     }
     // The blocks' last row: chunks departures after its chunks arrivals; the last to leave clears it.
     if (row + rows_per_round >= rows && PS_THREAD_X == 0 && depart_last(arrivals + row, chunks, chunks)) {
-      for (i64 c = 0; c < kFields * chunks; ++c) published[c] = 0.0;
+      for (i64 c = 0; c < kFields * chunks; ++c) published.clear(c);
       arrivals[row] = 0u;
     }
   }
