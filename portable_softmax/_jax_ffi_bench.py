@@ -3,11 +3,14 @@ device-to-device copy of the same bytes, on the first JAX GPU.
 
     python -m portable_softmax._jax_ffi_bench                 # the 64 MiB+ shapes, float32 / bfloat16 / float16
     python -m portable_softmax._jax_ffi_bench --shape 8192x8192 --dtype float32 --calls 50
+    python -m portable_softmax._jax_ffi_bench --only "grad ps.softmax" --only "grad ps.log_softmax"
 
-Each figure is the median of ``--repeats`` timings of ``--calls`` back-to-back calls (one wait at the
-end), per call; "% copy" is the copy's time over the call's (a call reads and writes its bytes once,
-as the copy does). A gradient of ``(f(x) * w).sum()`` reads x and w and writes dx: its "% copy" is
-over one and a half copies (three streams to the copy's two).
+``--only`` times the named computations alone (the copy is always timed: it is the reference), for
+A/B runs that need only a few of them. Each figure is the median of ``--repeats`` timings of
+``--calls`` back-to-back calls (one wait at the end), per call; "% copy" is the copy's time over the
+call's (a call reads and writes its bytes once, as the copy does). A gradient of
+``(f(x) * w).sum()`` reads x and w and writes dx: its "% copy" is over one and a half copies (three
+streams to the copy's two).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import time
 
 DEFAULT_SHAPES = ((8192, 8192), (65536, 1024), (1024, 65536), (16, 1 << 22))
 DTYPES = ("float32", "bfloat16", "float16")
+#: The computations timed for each shape and dtype, beside the copy.
+CALLS = ("ps.softmax", "jax.nn.softmax", "ps.log_softmax", "jax.nn.log_softmax", "grad ps.softmax",
+         "grad jax.nn.softmax", "grad ps.log_softmax", "grad jax.nn.log_softmax")
 
 
 def _time(fn, x, calls: int, repeats: int) -> float:
@@ -34,9 +40,10 @@ def _time(fn, x, calls: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def run(shapes, dtypes, calls: int, repeats: int, report=None) -> list[dict]:
+def run(shapes, dtypes, calls: int, repeats: int, report=None, only=CALLS) -> list[dict]:
     """One row per (shape, dtype, computation): milliseconds per call and the fraction of the copy;
-    ``report(row)`` is called with each row as it is measured."""
+    ``report(row)`` is called with each row as it is measured. ``only``: the computations of CALLS
+    to time (the copy is timed always)."""
     import jax
     import jax.numpy as jnp
 
@@ -70,6 +77,8 @@ def run(shapes, dtypes, calls: int, repeats: int, report=None) -> list[dict]:
                                             grad_copy),
             }
             for name, (fn, reference) in cases.items():
+                if name != "copy" and name not in only:
+                    continue
                 seconds = copy if name == "copy" else _time(fn, x, calls, repeats)
                 rows.append({"shape": "x".join(map(str, shape)), "dtype": dtype, "call": name,
                              "ms": seconds * 1e3, "of_copy": None if reference is None else reference / seconds})
@@ -91,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default: all three")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", action="append", choices=CALLS, metavar="CALL",
+                    help=f"time this computation alone (repeatable; default: all of {', '.join(CALLS)})")
     args = ap.parse_args(argv)
     try:
         shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shape] if args.shape else DEFAULT_SHAPES
@@ -106,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reported: list[dict] = []
     try:
-        run(shapes, args.dtype or DTYPES, args.calls, args.repeats, report)
+        run(shapes, args.dtype or DTYPES, args.calls, args.repeats, report, tuple(args.only or CALLS))
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 1

@@ -887,6 +887,11 @@ def test_the_bench_refuses_a_machine_without_a_gpu_and_a_bad_shape(capsys):
 
     assert _jax_ffi_bench.main(["--shape", "8192by8192"]) == 2
     assert "--shape takes ROWSxCOLS" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse: usage and the accepted names, exit status 2
+        _jax_ffi_bench.main(["--only", "grad softmax"])
+    assert refused.value.code == 2
+    assert "invalid choice: 'grad softmax'" in capsys.readouterr().err
     if GPU is None:
         assert _jax_ffi_bench.main(["--shape", "4x4", "--calls", "1", "--repeats", "1"]) == 1
         assert "JAX sees no CUDA or ROCm device" in capsys.readouterr().err
+        assert _jax_ffi_bench.main(["--shape", "4x4", "--only", "grad ps.softmax"]) == 1
