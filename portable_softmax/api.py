@@ -342,7 +342,8 @@ def _check_out(src, out, source: str = "the input"):
     if dst.dtype != src.dtype:
         raise ValueError(f"out has dtype {dst.dtype}; {source}'s dtype {src.dtype} is required")
     strides = dst.strides if dst.on_device else host_view(dst.array)[1]
-    if any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
+    # an array of no elements has none to collide (numpy gives such arrays strides of 0)
+    if 0 not in dst.shape and any(s == 0 and n > 1 for s, n in zip(strides, dst.shape)):
         raise ValueError("out must not be a broadcast view (a stride of 0 would make elements collide)")
     if not dst.on_device and not dst.array.flags.writeable:
         raise ValueError("out is read-only; pass a writeable array")

@@ -36,6 +36,21 @@ def test_bad_out_raises_value_error(out, message):
         ps.softmax(np.zeros((2, 3), np.float32), out=out)
 
 
+@pytest.mark.parametrize("shape", [(0,), (2, 0, 3), (0, 4)])
+def test_out_of_no_elements_is_filled_and_returned(shape):
+    """numpy gives an array of no elements strides of 0: out= of one is still no broadcast view."""
+    torch = pytest.importorskip("torch", reason="torch's CPU tensors are one of the array types checked")
+    x = np.ones(shape, np.float32)
+    for axis in range(-len(shape), len(shape)):
+        out = np.empty_like(x)
+        assert ps.softmax(x, axis=axis, out=out) is out
+        assert ps.log_softmax_backward(x, x, axis, out=out) is out
+        t = torch.ones(shape)
+        t_out = torch.empty_like(t)
+        assert ps.log_softmax(t, axis=axis, out=t_out) is t_out
+        assert ps.softmax_backward(t, t, axis, out=t_out) is t_out
+
+
 def test_what_is_no_array_or_numbers_is_rejected():
     for value in ("1 2 3", b"12", {"a": 1.0}, object(), None):
         with pytest.raises(TypeError, match="expected an array"):
