@@ -70,6 +70,22 @@ def _where(a: Host | DeviceArray) -> str:
     return f"{a.vendor}:{a.device_index}" if a.on_device else "host"
 
 
+def unsupported_dtypes(op: str, dy, y) -> UnsupportedDtypeError:
+    """The error of a dy or y whose dtype no kernel takes (eager calls and traced ones alike)."""
+    return UnsupportedDtypeError(
+        f"{op}_backward needs floating-point dy and y; got dy {_dtype_of(dy)} and y {_dtype_of(y)}. "
+        f"Supported dtypes: {', '.join(SUPPORTED)}")
+
+
+def check_shapes_and_dtypes(dy_shape, y_shape, dy_dtype: str, y_dtype: str) -> None:
+    """dy and y of one shape (ValueError naming both) and one dtype (TypeError naming both)."""
+    if tuple(dy_shape) != tuple(y_shape):
+        raise ValueError(f"dy and y must have one shape; got dy {tuple(dy_shape)} and y {tuple(y_shape)}")
+    if dy_dtype != y_dtype:
+        raise TypeError(f"dy and y must have one dtype; got dy {dy_dtype} and y {y_dtype} "
+                        "(cast one: the gradient is computed in the dtype of both)")
+
+
 def _gradient(dy, y, axis, op: str, out):
     # plain torch CUDA tensors and cupy arrays of a layout seen before: the launcher kept for it
     if type(dy) is api._TORCH_TENSOR:
@@ -85,6 +101,10 @@ def _gradient(dy, y, axis, op: str, out):
 
 def _full(dy, y, axis, op: str, out):
     """Every check, the layouts and the plan; a torch or cupy call's launcher kept for its repeats."""
+    if api._jax_is_tracer(dy) or api._jax_is_tracer(y):  # jax.jit, grad, vmap, or a JAX GPU array
+        from . import _jax
+
+        return _jax.traced_gradient(dy, y, axis, op, out)
     given_axis = axis
     dy = array_like(dy) if isinstance(dy, ARRAY_LIKE) else dy
     y = array_like(y) if isinstance(y, ARRAY_LIKE) else y
@@ -95,16 +115,10 @@ def _full(dy, y, axis, op: str, out):
     try:
         src, ys = classify(dy), classify(y)
     except UnsupportedDtypeError:
-        raise UnsupportedDtypeError(
-            f"{op}_backward needs floating-point dy and y; got dy {_dtype_of(dy)} and y {_dtype_of(y)}. "
-            f"Supported dtypes: {', '.join(SUPPORTED)}") from None
+        raise unsupported_dtypes(op, dy, y) from None
     if src.on_device != ys.on_device or (src.on_device and _where(src) != _where(ys)):
         raise ValueError(f"dy and y must be on one device; dy is on {_where(src)}, y on {_where(ys)}")
-    if tuple(src.shape) != tuple(ys.shape):
-        raise ValueError(f"dy and y must have one shape; got dy {tuple(src.shape)} and y {tuple(ys.shape)}")
-    if src.dtype != ys.dtype:
-        raise TypeError(f"dy and y must have one dtype; got dy {src.dtype} and y {ys.dtype} "
-                        "(cast one: the gradient is computed in the dtype of both)")
+    check_shapes_and_dtypes(src.shape, ys.shape, src.dtype, ys.dtype)
     axis = normalize_axis(axis, len(src.shape))
     dst = api._check_out(src, out, "dy")
     if src.on_device:

@@ -43,7 +43,7 @@ from .layout import describe, normalize_axis
 _traced = None  # the custom-JVP function over the primitives, built on the first traced call
 #: (forward, gradient, log_softmax tangent, gradient from x, log_softmax tangent from x)
 _primitives = None
-#: (axis, op, safe) -> the jitted call that concrete GPU arrays take
+#: (axis, op, safe), or ("gradient", axis, op) -> the jitted call that concrete GPU arrays take
 _eager: dict[tuple, object] = {}
 #: (vendor, shape, dtype, axis, op, safe) -> whether the JVP keeps x (takes_input_path)
 _input_paths: dict[tuple, bool] = {}
@@ -93,6 +93,52 @@ def traced(x, axis, op: str, safe: bool, out):
     if _traced is None:
         _traced = _build()
     return _traced(x, axis - x.ndim, op, bool(safe))  # from the end: vmap adds leading dims
+
+
+def _is_traced(x) -> bool:
+    return any(c.__name__ == "Tracer" for c in type(x).__mro__)
+
+
+def traced_gradient(dy, y, axis, op: str, out):
+    """softmax_backward / log_softmax_backward of tracers (or of concrete GPU arrays, through
+    jax.jit) as a JAX value: the gradient primitive that jax.grad of softmax runs, so the gradient
+    kernels' custom call on CUDA and ROCm and jax.numpy on the CPU, with its vmap, JVP and transpose."""
+    from ._backward import _named, check_shapes_and_dtypes, unsupported_dtypes
+
+    name = f"{op}_backward"
+    if not all(type(a).__module__.startswith(("jax", "jaxlib")) for a in (dy, y)):
+        raise TypeError(f"dy and y must be arrays of one type; got {_named(dy)} and {_named(y)}")
+    concrete = not (_is_traced(dy) or _is_traced(y))
+    if out is not None:
+        what = "JAX arrays on a GPU, which run as a compiled JAX call," if concrete else "traced JAX arrays"
+        raise ValueError(f"out= cannot take the {name} of {what} (JAX arrays are immutable); "
+                         "use the returned array")
+    try:
+        dtypes = storage_name(dy.dtype), storage_name(y.dtype)
+    except TypeError:
+        raise unsupported_dtypes(op, dy, y) from None
+    check_shapes_and_dtypes(dy.shape, y.shape, *dtypes)
+    axis = normalize_axis(axis, dy.ndim) - dy.ndim  # from the end: vmap adds leading dims
+    if dy.ndim == 0 or dy.size == 0:  # the gradient of a constant (softmax of one value), or nothing
+        import jax.numpy as jnp
+
+        return jnp.zeros_like(dy)
+    if concrete:
+        key = ("gradient", axis, op)
+        fn = _eager.get(key)
+        if fn is None:
+            import jax
+
+            fn = _eager[key] = jax.jit(lambda d, w: traced_gradient(d, w, axis, op, None))
+        return fn(dy, y)
+    return _gradient_primitive().bind(dy, y, axis=axis, op=op)
+
+
+def _gradient_primitive():
+    global _primitives
+    if _primitives is None:
+        _primitives = _make_primitives()
+    return _primitives[1]
 
 
 def _eager_call(axis: int, op: str, safe: bool):
@@ -269,7 +315,8 @@ def _wide(*arrays):
 
 def grad_jnp(dy, y, *, axis: int, op: str):
     """dx from dy and y in jax.numpy, as the gradient kernels compute it: softmax's y (dy - sum(dy y)),
-    log_softmax's dy - exp(y) sum(dy), zero on a row of y all -inf (a safe log_softmax's constant)."""
+    log_softmax's dy - exp(y) sum(dy), NaN on a row with NaN in y (softmax's sum carries it), zero on
+    a row of y all -inf (a safe log_softmax's constant)."""
     import jax.numpy as jnp
 
     d, w = _wide(dy, y)
@@ -277,6 +324,7 @@ def grad_jnp(dy, y, *, axis: int, op: str):
         dx = w * (d - jnp.sum(d * w, axis=axis, keepdims=True))
     else:
         dx = d - jnp.exp(w) * jnp.sum(d, axis=axis, keepdims=True)
+        dx = jnp.where(jnp.isnan(w).any(axis=axis, keepdims=True), jnp.nan, dx)
         dx = jnp.where(jnp.isneginf(w).all(axis=axis, keepdims=True), 0.0, dx)
     return dx.astype(dy.dtype)
 

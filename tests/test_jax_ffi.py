@@ -25,7 +25,7 @@ import pytest
 from checks import assert_matches, gradient_reference, random_input
 
 import portable_softmax as ps
-from portable_softmax import _jax, _jax_ffi, _probe
+from portable_softmax import _jax, _jax_ffi, _probe, _tolerance
 from portable_softmax.api import problem_for
 from portable_softmax.layout import describe
 from portable_softmax.planner import DeviceProfile, one_wave, plan, resident_launch
@@ -271,6 +271,97 @@ def test_concrete_cpu_arrays_keep_the_direct_path():
     assert isinstance(ps.softmax(x), jax.Array)
 
 
+# ---- softmax_backward / log_softmax_backward on JAX arrays under jit, vmap and grad --------------
+def _gradient_case(rng, shape, axis, op, dtype):
+    """y of random values (float64, rounded to dtype) and a random dy, as numpy arrays."""
+    x = rng.standard_normal(shape) * 3
+    y = ps.reference.softmax(x, axis) if op == "softmax" else ps.reference.log_softmax(x, axis)
+    return random_input(rng, shape, dtype, scale=1.0), y.astype(random_input(rng, (1,), dtype).dtype)
+
+
+def _assert_gradient(got, dy, y, axis, op):
+    ref = gradient_reference(np.asarray(dy), np.asarray(y), axis, op)
+    bad = _tolerance.outside(np.asarray(got), ref)
+    assert not bad.any(), f"{int(bad.sum())} of {bad.size} outside {_tolerance.describe(np.asarray(got).dtype.name)}"
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape, axis", [((6, 33), -1), ((4, 5, 7), 1), ((9, 3), 0), ((1, 1), -1)])
+def test_cpu_gradient_functions_under_jit_match_the_float64_reference(rng, op, dtype, shape, axis):
+    """The gradient functions take traced JAX arrays as the forward does (jax.numpy on the CPU,
+    no callback), with the result in their dtype."""
+    dy, y = _gradient_case(rng, shape, axis, op, dtype)
+    fn = getattr(ps, f"{op}_backward")
+    got = jax.jit(lambda d, w: fn(d, w, axis))(jnp.asarray(dy), jnp.asarray(y))
+    assert isinstance(got, jax.Array) and got.dtype == jnp.dtype(dtype)
+    _assert_gradient(got, dy, y, axis, op)
+    text = _cpu_text(lambda d, w: fn(d, w, axis), *(jax.ShapeDtypeStruct(shape, dtype),) * 2)
+    assert "callback" not in text and "custom_call" not in text
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cpu_gradient_functions_under_vmap_and_grad(rng, op):
+    """vmap folds its batch into rows; jax.grad through a gradient function (a double backward) is
+    the derivative of its formula."""
+    fn = getattr(ps, f"{op}_backward")
+    dy, y = _gradient_case(rng, (5, 3, 12), -1, op, "float32")
+    dy, y = jnp.asarray(dy), jnp.asarray(y)
+    batched = jax.jit(jax.vmap(lambda d, w: fn(d, w, 0), in_axes=2, out_axes=2))(dy, y)
+    _assert_gradient(batched, dy, y, 0, op)
+    v = jax.random.normal(jax.random.key(3), y.shape)
+
+    def formula(d, w):
+        if op == "softmax":
+            return w * (d - (d * w).sum(-1, keepdims=True))
+        return d - jnp.exp(w) * d.sum(-1, keepdims=True)
+
+    for argnum in (0, 1):  # the derivative by dy (the map's transpose) and by y
+        ours = jax.jit(jax.grad(lambda d, w: (fn(d, w) * v).sum(), argnums=argnum))(dy, y)
+        theirs = jax.grad(lambda d, w: (formula(d, w) * v).sum(), argnums=argnum)(dy, y)
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_gradient_functions_keep_the_row_semantics():
+    """NaN in dy or y makes its row NaN; a log_softmax row of y all -inf (safe: a constant) gets 0."""
+    y = np.log(np.full((4, 3), 1 / 3, np.float32))
+    y[1, 2], y[2] = np.nan, -np.inf
+    dy = np.ones((4, 3), np.float32)
+    dy[3, 0] = np.nan
+    for op in OPS:
+        fn = getattr(ps, f"{op}_backward")
+        w = np.exp(y) if op == "softmax" else y
+        got = np.asarray(jax.jit(fn)(jnp.asarray(dy), jnp.asarray(w)))
+        eager = fn(dy, w)
+        assert np.isnan(got[1]).all() and np.isnan(got[3]).all()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(eager), atol=1e-6)
+        if op == "log_softmax":
+            assert got[2].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_bad_gradient_input_fails_at_trace_time_with_the_eager_errors():
+    f32 = jax.ShapeDtypeStruct((3, 4), jnp.float32)
+    cases = [  # (dy shape, y shape, dy dtype, y dtype, axis): shapes, dtypes, a dtype no kernel takes, the axis
+        ((3, 4), (3, 5), "float32", "float32", -1),
+        ((3, 4), (3, 4), "float32", "float16", -1),
+        ((3, 4), (3, 4), "int32", "int32", -1),
+        ((3, 4), (3, 4), "float32", "float32", 2),
+    ]
+    for dy_shape, y_shape, dy_dtype, y_dtype, axis in cases:
+        eager_args = (np.ones(dy_shape, dy_dtype), np.ones(y_shape, y_dtype))
+        traced_args = (jax.ShapeDtypeStruct(dy_shape, dy_dtype), jax.ShapeDtypeStruct(y_shape, y_dtype))
+        with pytest.raises((TypeError, ValueError, IndexError)) as eager:
+            ps.softmax_backward(*eager_args, axis)
+        with pytest.raises(type(eager.value)) as traced:
+            jax.jit(lambda d, w, a=axis: ps.softmax_backward(d, w, a)).trace(*traced_args)
+        assert str(traced.value) == str(eager.value)
+    with pytest.raises(ValueError, match="out= cannot take the log_softmax_backward of traced JAX arrays"):
+        jax.jit(lambda d, w: ps.log_softmax_backward(d, w, out=d)).trace(f32, f32)
+    with pytest.raises(TypeError, match="dy and y must be arrays of one type"):
+        jax.jit(lambda d: ps.softmax_backward(d, np.ones((3, 4), np.float32))).trace(f32)
+
+
 # ---- CUDA / ROCm lowering, planned on a stand-in runtime ----------------------------------------
 class StandInRuntime:
     """What the lowering asks of a runtime adapter: profiles, function handles, resident grids."""
@@ -392,6 +483,26 @@ def _kernels(rt: StandInRuntime, line: str) -> list[str]:
     """The kernels a custom call launches on device 0, by the stand-in's handles in its attributes."""
     names = {handle: name for (device, name), handle in rt.handles.items() if device == 0}
     return [names[f] for f in _attribute(line, "functions") if f in names]
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+@pytest.mark.parametrize("shape, axis, dtype", [((64, 1000), -1, "float32"), ((8, 300, 24), 1, "bfloat16")])
+@pytest.mark.parametrize("op", OPS)
+def test_traced_gradient_functions_lower_to_the_gradient_custom_call(stand_in, platform, shape, axis, dtype, op):
+    """ps.softmax_backward / ps.log_softmax_backward under jax.jit: one custom call (operands dy and
+    y), planned by planner_backward as an eager call of the same layout is."""
+    fn = getattr(ps, f"{op}_backward")
+    args = (jax.ShapeDtypeStruct(shape, dtype),) * 2
+    text = jax.jit(lambda d, w: fn(d, w, axis)).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    calls = _calls(text)
+    assert len(calls) == 1 and f'op = "{op}_backward"' in calls[0], calls
+    assert "callback" not in text
+    strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    layout = describe(shape, strides, axis % len(shape))
+    from portable_softmax._backward import _problem
+
+    expected = plan_backward(_problem(dtype, op, layout, layout, layout, (0, 0, 0)), DeviceProfile.h100())
+    assert _kernels(stand_in, calls[0]) == [stand_in_step(s, DeviceProfile.h100()).kernel for s in expected.launches]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -854,6 +965,28 @@ def test_gpu_eager_arrays_take_the_compiled_call(rng):
     assert_matches(np.asarray(y), x, op="log_softmax")
     with pytest.raises(ValueError, match="out= cannot take the softmax of a JAX array on a GPU"):
         ps.softmax(on_gpu, out=np.empty_like(x))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.usefixtures("registered")
+def test_gpu_gradient_functions_on_traced_and_eager_arrays(rng, op):
+    """ps.softmax_backward / ps.log_softmax_backward of JAX GPU arrays, under jax.jit and eagerly
+    (the compiled call, cached per axis and op): the gradient kernels' custom call, no callback."""
+    fn = getattr(ps, f"{op}_backward")
+    for shape, axis, dtype in [((512, 4096), -1, "float32"), ((6, 40, 257), 1, "bfloat16"),
+                               ((4, 200_000), -1, "float32"), ((3000, 64), 0, "float16")]:
+        dy, y = _gradient_case(rng, shape, axis, op, dtype)
+        args = (_on_gpu(dy), _on_gpu(y))
+        jitted = jax.jit(lambda d, w, a=axis: fn(d, w, a))
+        for got in (jitted(*args), fn(*args, axis)):
+            assert isinstance(got, jax.Array) and next(iter(got.devices())) == GPU and got.dtype == jnp.dtype(dtype)
+            _assert_gradient(got, dy, y, axis, op)
+        assert ("gradient", axis - len(shape), op) in _jax._eager
+        text = jitted.lower(*args).compile().as_text()
+        assert text.count('custom_call_target="portable_softmax_launch"') == 1, text[:2000]
+        assert "callback" not in text
 
 
 @pytest.mark.gpu
