@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -27,12 +28,15 @@ if TYPE_CHECKING:
 ArrayT = TypeVar("ArrayT")
 
 
-def softmax_backward(dy: ArrayT, y: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+def softmax_backward(dy: ArrayT, y: ArrayT, axis: api.Axis = -1, *, out: ArrayT | None = None) -> ArrayT:
     """The gradient of softmax along ``axis``: ``dx = y * (dy - sum(dy * y, axis))``.
 
     ``y`` is ``softmax(x, axis)`` and ``dy`` the gradient of a loss with respect to it; both of the
-    same array type, shape, dtype and device. The result is of that type, computed on the caller's
-    current stream (float16 and bfloat16 in float32, sums in float32; float64 in float64).
+    same array type, shape, dtype and device. ``axis`` is one axis, or a tuple of axes or None as
+    the forward takes them (their joint set). The result is of that type, computed on the caller's
+    current stream (float16 and bfloat16 in float32, sums in float32; float64 in float64). Tensors
+    that require grad get a result autograd differentiates (double backward); JAX arrays under
+    ``jax.jit`` / ``grad`` / ``vmap`` the gradient kernels' custom call.
 
     >>> import numpy as np, portable_softmax as ps
     >>> y = ps.softmax(np.array([[1.0, 2.0, 3.0]]))
@@ -43,7 +47,7 @@ def softmax_backward(dy: ArrayT, y: ArrayT, axis: int = -1, *, out: ArrayT | Non
     return _gradient(dy, y, axis, "softmax", out)
 
 
-def log_softmax_backward(dy: ArrayT, y: ArrayT, axis: int = -1, *, out: ArrayT | None = None) -> ArrayT:
+def log_softmax_backward(dy: ArrayT, y: ArrayT, axis: api.Axis = -1, *, out: ArrayT | None = None) -> ArrayT:
     """The gradient of log_softmax along ``axis``: ``dx = dy - exp(y) * sum(dy, axis)``.
 
     ``y`` is ``log_softmax(x, axis)``; a row of y that is all -inf (``log_softmax(..., safe=True)``
@@ -86,7 +90,14 @@ def check_shapes_and_dtypes(dy_shape, y_shape, dy_dtype: str, y_dtype: str) -> N
                         "(cast one: the gradient is computed in the dtype of both)")
 
 
-def _gradient(dy, y, axis, op: str, out):
+def gradient_direct(dy, y, axis: int, op: str):
+    """dx on the caller's arrays with no torch machinery around it (the gradient operator's kernel)."""
+    return _gradient(dy, y, axis, op, None, direct=True)
+
+
+def _gradient(dy, y, axis, op: str, out, direct: bool = False):
+    if type(axis) is not int and (axis is None or isinstance(axis, (tuple, list))):
+        return _over_axes(dy, y, axis, op, out)
     # plain torch CUDA tensors and cupy arrays of a layout seen before: the launcher kept for it
     if type(dy) is api._TORCH_TENSOR:
         dx = _repeat_torch(dy, y, axis, op, out)
@@ -96,15 +107,92 @@ def _gradient(dy, y, axis, op: str, out):
         dx = _repeat_cupy(dy, y, axis, op, out)
         if dx is not None:
             return dx
-    return _full(dy, y, axis, op, out)
+    return _full(dy, y, axis, op, out, direct)
 
 
-def _full(dy, y, axis, op: str, out):
-    """Every check, the layouts and the plan; a torch or cupy call's launcher kept for its repeats."""
+def _over_axes(dy, y, axis, op: str, out):
+    """The gradient over the joint set of several axes (None: all of them), as the forward takes
+    them: those axes of dy and y moved to the end and flattened into one (a copy where the layout
+    needs one), computed, and put back."""
+    dy = array_like(dy) if isinstance(dy, ARRAY_LIKE) else dy
+    y = array_like(y) if isinstance(y, ARRAY_LIKE) else y
+    if not all(hasattr(a, "ndim") and hasattr(a, "reshape") for a in (dy, y)):  # bare DLPack producers
+        src, ys = classify(dy), classify(y)
+        dx = _over_axes(src.array, ys.array, axis, op, None if out is None else api._out_array(out))
+        return out if out is not None else (src.wrap(dx) if isinstance(src, Host) else src.result(dx))
+    if out is not None and (api._jax_is_tracer(dy) or api._jax_is_tracer(y)):
+        return _full(dy, y, -1, op, out)  # its error: out= cannot take a traced array
+    if tuple(dy.shape) != tuple(y.shape):
+        raise ValueError(f"dy and y must have one shape; got dy {tuple(dy.shape)} and y {tuple(y.shape)}")
+    ndim = dy.ndim
+    axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"duplicate value in axis={axis!r}")
+    if len(axes) == 1:
+        return _gradient(dy, y, axes[0], op, out)
+    keep = [d for d in range(ndim) if d not in axes]
+    perm = (*keep, *axes)
+    shape = tuple(dy.shape)
+    kept, joint = [shape[d] for d in keep], [shape[d] for d in axes]
+    identity = perm == tuple(range(ndim))
+
+    def rows(a):
+        return (a if identity else api._permute(a, perm)).reshape((*kept, math.prod(joint)))
+
+    dx = _gradient(rows(dy), rows(y), -1, op, None).reshape((*kept, *joint))
+    if not identity:
+        dx = api._permute(dx, tuple([perm.index(d) for d in range(ndim)]))
+    if isinstance(dy, np.generic):
+        dx = dx[()]
+    if out is None:
+        return dx
+    how = api._torch_route(dy)
+    if how is not None:
+        api._check_torch_out(how, dy, out, f"{op}_backward")
+        return out.copy_(dx)
+    dst = api._check_out(classify(dy), out, "dy")
+    dst.array[...] = classify(dx).array
+    return out
+
+
+#: torch routes (api._torch_route) of two tensors: the one that records more wins
+_ROUTES_BY_WEIGHT = ("composite", "forward", "autograd", "transform", "batched", "operator")
+
+
+def _torch_route_of(dy, y) -> str | None:
+    routes = {api._torch_route(dy), api._torch_route(y)}
+    return next((how for how in _ROUTES_BY_WEIGHT if how in routes), None)
+
+
+def _through_torch(how: str, dy, y, axis, op: str, out):
+    """Tensors that torch's machinery must see: the eager calls' checks, then the gradient operator
+    (the torch adapter's gradient_call), so that the result is differentiable as torch's own
+    backward is."""
+    if not (api._framework_of(dy) == "torch" and api._framework_of(y) == "torch"):
+        raise TypeError(f"dy and y must be arrays of one type; got {_named(dy)} and {_named(y)}")
+    if dy.device != y.device:
+        raise ValueError(f"dy and y must be on one device; dy is on {dy.device}, y on {y.device}")
+    try:
+        storage_name(dy.dtype)
+        storage_name(y.dtype)
+    except UnsupportedDtypeError:
+        raise unsupported_dtypes(op, dy, y) from None
+    check_shapes_and_dtypes(dy.shape, y.shape, _dtype_of(dy), _dtype_of(y))
+    axis = normalize_axis(axis, dy.dim())
+    if out is None:
+        return api._torch_gradient_call(how, dy, y, axis, op)
+    api._check_torch_out(how, dy, out, f"{op}_backward")
+    return out.copy_(api._torch_gradient_call(how, dy, y, axis, op))
+
+
+def _full(dy, y, axis, op: str, out, direct: bool = False):
+    """Every check, the layouts and the plan; a torch or cupy call's launcher kept for its repeats.
+    ``direct``: no torch routing (the operator's own kernel)."""
     if api._jax_is_tracer(dy) or api._jax_is_tracer(y):  # jax.jit, grad, vmap, or a JAX GPU array
-        from . import _jax
-
-        return _jax.traced_gradient(dy, y, axis, op, out)
+        return api._jax_traced_gradient(dy, y, axis, op, out)
+    how = None if direct else _torch_route_of(dy, y)
+    if how is not None:  # autograd records it, or torch.func / torch.compile transform it
+        return _through_torch(how, dy, y, axis, op, out)
     given_axis = axis
     dy = array_like(dy) if isinstance(dy, ARRAY_LIKE) else dy
     y = array_like(y) if isinstance(y, ARRAY_LIKE) else y

@@ -511,4 +511,4 @@ def _build():
     return softmax
 
 
-api.register_jax(is_tracer, traced)  # JAX tracers and JAX GPU arrays leave api's direct path here
+api.register_jax(is_tracer, traced, traced_gradient)  # JAX tracers and JAX GPU arrays leave api's direct path here

@@ -102,6 +102,33 @@ def call(how: str, x, axis: int, op: str, safe: bool):
     return _functions[how].apply(x, axis, op, safe)
 
 
+def gradient_call(how: str, grad, y, axis: int, op: str):
+    """softmax_backward / log_softmax_backward (axis normalised) of tensors that ``route`` sends
+    through torch's machinery: the gradient operator's autograd function, with the double backward,
+    jvp and vmap rules that the gradient of ps.softmax has (the operator registers no autograd of
+    its own, so a torch.func transform that records none would see a constant)."""
+    if how == "composite":  # torch.compile under forward-mode AD: only torch's operators carry a tangent
+        return _composite_gradient(torch_module(), grad, y, axis, op)
+    if _operator is None:
+        register()
+    compiling = torch_module().compiler.is_compiling()
+    if compiling and how == "operator":  # nothing to record: the operator itself
+        return _backward_operator(grad, y, axis, op)
+    return _functions["backward_compiled" if compiling else "backward"].apply(grad, y, axis, op)
+
+
+def _composite_gradient(torch, grad, y, axis: int, op: str):
+    """The gradient in torch's operators, with the kernels' semantics (16-bit in float32; a
+    log_softmax row with NaN in y NaN, of y all -inf 0)."""
+    wide = grad.dtype if grad.element_size() >= 4 else torch.float32
+    g, w = grad.to(wide), y.to(wide)
+    if op == "softmax":
+        return (w * (g - (g * w).sum(axis, keepdim=True))).to(grad.dtype)
+    dx = g - w.exp() * g.sum(axis, keepdim=True)
+    dx = dx.masked_fill(torch.isnan(w).any(axis, keepdim=True), float("nan"))
+    return dx.masked_fill(torch.isneginf(w).all(axis, keepdim=True), 0).to(grad.dtype)
+
+
 def register() -> None:
     """Register the operator and the autograd functions (once). The package does so on import when
     torch is imported already, so that a saved torch.export program that calls the operator loads;
@@ -131,6 +158,7 @@ def _register() -> None:
     torch.library.register_vmap(BACKWARD_NAME, _backward_vmap_rule, lib=_library)
     _backward_operator = torch.ops.portable_softmax.softmax_backward.default
     _functions["backward"] = _backward_function(torch)
+    _functions["backward_compiled"] = _backward_function(torch, with_jvp=False)
     transform = _transform_function(torch)
     _functions.update(transform=transform, autograd=_eager_function(torch), forward=_forward_mode_function(transform))
     _operator = torch.ops.portable_softmax.softmax.default  # last: a set operator means all is ready
@@ -244,10 +272,10 @@ def _bind_device(t) -> None:
 
 
 def _gradient(grad, y, dim: int, op: str):
-    from ._backward import log_softmax_backward, softmax_backward
+    from ._backward import gradient_direct
 
     _bind_device(y)
-    return (softmax_backward if op == "softmax" else log_softmax_backward)(grad, y, dim)
+    return gradient_direct(grad, y, dim, op)
 
 
 def _backward_kernel(grad, y, axis, op):
@@ -370,14 +398,16 @@ def _eager_function(torch):
     return PortableSoftmaxEager
 
 
-def _backward_function(torch):
+def _backward_function(torch, with_jvp: bool = True):
     class PortableSoftmaxGrad(torch.autograd.Function):  # grad_fn: PortableSoftmaxGradBackward
-        """The gradient operator where autograd records it (double backward, torch.func, torch.compile)."""
+        """The gradient operator where autograd records it (double backward, torch.func, torch.compile:
+        without the jvp, which torch.compile cannot trace)."""
 
         generate_vmap_rule = True  # the forward is the operator, which has a vmap rule
         setup_context = staticmethod(_setup_backward_context)
         backward = staticmethod(_double_backward)
-        jvp = staticmethod(_backward_jvp)
+        if with_jvp:
+            jvp = staticmethod(_backward_jvp)
 
         @staticmethod
         def forward(grad, y, axis, op):
@@ -386,4 +416,4 @@ def _backward_function(torch):
     return PortableSoftmaxGrad
 
 
-api.register_torch(route, call)  # tensors that torch's machinery must see leave api's direct path here
+api.register_torch(route, call, gradient_call)  # tensors that torch's machinery must see leave api's direct path here

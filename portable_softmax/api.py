@@ -174,26 +174,34 @@ def _jax_is_tracer_unloaded(x) -> bool:
     return _jax_is_tracer(x)
 
 
-#: the torch adapter's route(x) -> how | None, and call(how, x, axis, op, safe)
+#: the torch adapter's route(x) -> how | None, call(how, x, axis, op, safe) and
+#: gradient_call(how, dy, y, axis, op)
 _torch_route: Any = _torch_route_unloaded
 _torch_call: Any = None
-#: the JAX adapter's is_tracer(x) -> bool, and traced(x, axis, op, safe, out)
+_torch_gradient_call: Any = None
+#: the JAX adapter's is_tracer(x) -> bool, traced(x, axis, op, safe, out) and
+#: traced_gradient(dy, y, axis, op, out)
 _jax_is_tracer: Any = _jax_is_tracer_unloaded
 _jax_traced: Any = None
+_jax_traced_gradient: Any = None
 
 
-def register_torch(route: Any, call: Any) -> None:
+def register_torch(route: Any, call: Any, gradient_call: Any) -> None:
     """The torch adapter's hooks: ``route(x)`` says how a call on tensor x leaves the direct path
-    (None: it does not), ``call(how, x, axis, op, safe)`` makes that call."""
-    global _torch_route, _torch_call
-    _torch_call, _torch_route = call, route  # the route last: a set route finds its call
+    (None: it does not), ``call(how, x, axis, op, safe)`` makes that call and
+    ``gradient_call(how, dy, y, axis, op)`` a gradient's."""
+    global _torch_route, _torch_call, _torch_gradient_call
+    _torch_call, _torch_gradient_call = call, gradient_call
+    _torch_route = route  # the route last: a set route finds its calls
 
 
-def register_jax(is_tracer: Any, traced: Any) -> None:
+def register_jax(is_tracer: Any, traced: Any, traced_gradient: Any) -> None:
     """The JAX adapter's hooks: ``is_tracer(x)`` says whether x goes through JAX's machinery,
-    ``traced(x, axis, op, safe, out)`` computes it there."""
-    global _jax_is_tracer, _jax_traced
-    _jax_traced, _jax_is_tracer = traced, is_tracer
+    ``traced(x, axis, op, safe, out)`` computes it there, ``traced_gradient(dy, y, axis, op, out)``
+    a gradient."""
+    global _jax_is_tracer, _jax_traced, _jax_traced_gradient
+    _jax_traced, _jax_traced_gradient = traced, traced_gradient
+    _jax_is_tracer = is_tracer
 
 
 def _apply(x, axis, op: str, out, safe: bool):

@@ -1150,6 +1150,73 @@ def test_torch_gradcheck_gradgradcheck_func_and_compile(op):
     torch.testing.assert_close(xc.grad, want)
 
 
+def _gradient_formula(torch, op: str, dy, y, axis: int):
+    if op == "softmax":
+        return y * (dy - (dy * y).sum(axis, keepdim=True))
+    return dy - y.exp() * dy.sum(axis, keepdim=True)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_gradient_functions_are_differentiable(op):
+    """ps.softmax_backward / ps.log_softmax_backward of tensors that require grad, or inside
+    torch.func transforms and torch.compile, are recorded as the formula's derivatives (double
+    backward, jacrev / jacfwd, vmap of grad); out= of such a tensor is refused as for the forward."""
+    torch = pytest.importorskip("torch")
+    fn = getattr(ps, f"{op}_backward")
+    y = getattr(torch, op)(torch.randn(4, 3, 5, dtype=torch.float64), 1)
+    dy, v = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+    d, w = dy.clone().requires_grad_(), y.clone().requires_grad_()
+    dx = fn(d, w, 1)
+    assert dx.grad_fn is not None
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, 1), (d, w))
+    assert torch.autograd.gradgradcheck(lambda a, b: fn(a, b, 1), (d, w))
+    for argnums in (0, 1):
+        ours = torch.func.grad(lambda a, b: (fn(a, b, 1) * v).sum(), argnums=argnums)(dy, y)
+        want = torch.func.grad(lambda a, b: (_gradient_formula(torch, op, a, b, 1) * v).sum(), argnums=argnums)(dy, y)
+        torch.testing.assert_close(ours, want)
+    jac = torch.func.jacrev(lambda b: _gradient_formula(torch, op, dy, b, 2))(y)
+    torch.testing.assert_close(torch.func.jacrev(lambda b: fn(dy, b, 2))(y), jac)
+    torch.testing.assert_close(torch.func.jacfwd(lambda b: fn(dy, b, 2))(y), jac)
+    batched = torch.func.vmap(torch.func.grad(lambda b, a: (fn(a, b, 0) * v[0]).sum()))(y, dy)
+    torch.testing.assert_close(batched, torch.func.vmap(torch.func.grad(
+        lambda b, a: (_gradient_formula(torch, op, a, b, 0) * v[0]).sum()))(y, dy))
+    wc = y.clone().requires_grad_()
+    (torch.compile(lambda a, b: fn(a, b, 1), fullgraph=True)(dy, wc) * v).sum().backward()
+    want = torch.func.grad(lambda b: (_gradient_formula(torch, op, dy, b, 1) * v).sum())(y)
+    torch.testing.assert_close(wc.grad, want)
+    with pytest.raises(ValueError, match=f"out= cannot take the {op}_backward of a tensor that autograd"):
+        fn(d, w, 1, out=torch.empty_like(dy))
+    with pytest.raises(TypeError, match="dy and y must have one dtype; got dy float64 and y float32"):
+        fn(d, w.float(), 1)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [(0, 2), (2, 0), (-1, -2), None, (1,), [0, 1, 2]])
+def test_gradient_over_several_axes_as_the_forward_takes_them(rng, op, axis):
+    """The forward's tuple or None axis (softmax over the joint set): the gradient over the same
+    set, for numpy, torch and JAX arrays, into out= too."""
+    x = rng.standard_normal((3, 4, 5))
+    y = getattr(ps, op)(x, axis=axis)
+    dy = rng.standard_normal((3, 4, 5))
+    joint = tuple(range(3)) if axis is None else tuple(a % 3 for a in axis)
+    ref = gradient_reference(dy, y, joint, op)
+    fn = getattr(ps, f"{op}_backward")
+    np.testing.assert_allclose(fn(dy, y, axis), ref, rtol=1e-12, atol=1e-14)
+    out = np.full_like(dy, np.nan)
+    assert fn(dy, y, axis, out=out) is out
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14)
+    torch = pytest.importorskip("torch")
+    got = fn(torch.from_numpy(dy), torch.from_numpy(y), axis)
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=r"duplicate value in axis=\(0, 0\)"):
+        fn(dy, y, (0, 0))
+    with pytest.raises(ValueError, match="dy and y must have one shape"):
+        fn(dy, y[:2], (0, 1))
+    with pytest.raises(IndexError, match="axis 3 is out of bounds"):
+        fn(dy, y, (0, 3))
+
+
 def test_torch_safe_log_softmax_rows_of_all_neg_inf_get_zero_gradient():
     torch = pytest.importorskip("torch")
     x = torch.tensor([[-float("inf")] * 3, [1.0, 2.0, 3.0]], dtype=torch.float64, requires_grad=True)
