@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -81,10 +80,15 @@ def unsupported_dtypes(op: str, dy, y) -> UnsupportedDtypeError:
         f"Supported dtypes: {', '.join(SUPPORTED)}")
 
 
-def check_shapes_and_dtypes(dy_shape, y_shape, dy_dtype: str, y_dtype: str) -> None:
-    """dy and y of one shape (ValueError naming both) and one dtype (TypeError naming both)."""
+def check_shapes(dy_shape, y_shape) -> None:
+    """dy and y of one shape (a ValueError naming both)."""
     if tuple(dy_shape) != tuple(y_shape):
         raise ValueError(f"dy and y must have one shape; got dy {tuple(dy_shape)} and y {tuple(y_shape)}")
+
+
+def check_shapes_and_dtypes(dy_shape, y_shape, dy_dtype: str, y_dtype: str) -> None:
+    """dy and y of one shape (ValueError naming both) and one dtype (TypeError naming both)."""
+    check_shapes(dy_shape, y_shape)
     if dy_dtype != y_dtype:
         raise TypeError(f"dy and y must have one dtype; got dy {dy_dtype} and y {y_dtype} "
                         "(cast one: the gradient is computed in the dtype of both)")
@@ -122,37 +126,15 @@ def _over_axes(dy, y, axis, op: str, out):
         return out if out is not None else (src.wrap(dx) if isinstance(src, Host) else src.result(dx))
     if out is not None and (api._jax_is_tracer(dy) or api._jax_is_tracer(y)):
         return _full(dy, y, -1, op, out)  # its error: out= cannot take a traced array
-    if tuple(dy.shape) != tuple(y.shape):
-        raise ValueError(f"dy and y must have one shape; got dy {tuple(dy.shape)} and y {tuple(y.shape)}")
-    ndim = dy.ndim
-    axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"duplicate value in axis={axis!r}")
+    check_shapes(dy.shape, y.shape)
+    axes = api.joint_axes(axis, dy.ndim)
     if len(axes) == 1:
         return _gradient(dy, y, axes[0], op, out)
-    keep = [d for d in range(ndim) if d not in axes]
-    perm = (*keep, *axes)
-    shape = tuple(dy.shape)
-    kept, joint = [shape[d] for d in keep], [shape[d] for d in axes]
-    identity = perm == tuple(range(ndim))
-
-    def rows(a):
-        return (a if identity else api._permute(a, perm)).reshape((*kept, math.prod(joint)))
-
-    dx = _gradient(rows(dy), rows(y), -1, op, None).reshape((*kept, *joint))
-    if not identity:
-        dx = api._permute(dx, tuple([perm.index(d) for d in range(ndim)]))
+    dy_rows, back = api.axes_to_rows(dy, axes)
+    dx = back(_gradient(dy_rows, api.axes_to_rows(y, axes)[0], -1, op, None))
     if isinstance(dy, np.generic):
         dx = dx[()]
-    if out is None:
-        return dx
-    how = api._torch_route(dy)
-    if how is not None:
-        api._check_torch_out(how, dy, out, f"{op}_backward")
-        return out.copy_(dx)
-    dst = api._check_out(classify(dy), out, "dy")
-    dst.array[...] = classify(dx).array
-    return out
+    return dx if out is None else api._write_out(dy, dx, out, f"{op}_backward", "dy")
 
 
 #: torch routes (api._torch_route) of two tensors: the one that records more wins

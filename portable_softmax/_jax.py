@@ -56,7 +56,7 @@ def is_tracer(x) -> bool:
     kind = type(x)
     if not kind.__module__.startswith(("jax", "jaxlib")):
         return False
-    if any(c.__name__ == "Tracer" for c in kind.__mro__):
+    if _is_traced(x):
         return True
     return _on_registered_gpu(x)
 
@@ -74,7 +74,7 @@ def _on_registered_gpu(x) -> bool:
 
 def traced(x, axis, op: str, safe: bool, out):
     """softmax / log_softmax of a tracer (or of a concrete GPU array, through jax.jit) as a JAX value."""
-    concrete = not any(c.__name__ == "Tracer" for c in type(x).__mro__)
+    concrete = not _is_traced(x)
     if out is not None:
         what = "JAX array on a GPU, which runs as a compiled JAX call," if concrete else "traced JAX array"
         raise ValueError(f"out= cannot take the {op} of a {what} (JAX arrays are immutable); "
@@ -131,14 +131,14 @@ def traced_gradient(dy, y, axis, op: str, out):
 
             fn = _eager[key] = jax.jit(lambda d, w: traced_gradient(d, w, axis, op, None))
         return fn(dy, y)
-    return _gradient_primitive().bind(dy, y, axis=axis, op=op)
+    return _made_primitives()[1].bind(dy, y, axis=axis, op=op)
 
 
-def _gradient_primitive():
+def _made_primitives():
     global _primitives
     if _primitives is None:
         _primitives = _make_primitives()
-    return _primitives[1]
+    return _primitives
 
 
 def _eager_call(axis: int, op: str, safe: bool):
@@ -479,10 +479,7 @@ def _build():
     import jax
     import jax.numpy as jnp
 
-    global _primitives
-    if _primitives is None:
-        _primitives = _make_primitives()
-    forward, grad, tangent, grad_x, tangent_x = _primitives
+    forward, grad, tangent, grad_x, tangent_x = _made_primitives()
 
     @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
     def softmax(x, axis, op, safe):

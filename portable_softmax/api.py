@@ -235,27 +235,41 @@ def _over_axes(x, axis, op: str, out, safe: bool):
         return out if out is not None else (src.wrap(y) if isinstance(src, Host) else src.result(y))
     if out is not None and _jax_is_tracer(x):
         return _jax_traced(x, 0, op, safe, out)  # its error: out= cannot take a traced array
-    ndim = x.ndim
-    axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"duplicate value in axis={axis!r}")
+    axes = joint_axes(axis, x.ndim)
     if len(axes) == 1:
         return _apply(x, axes[0], op, out, safe)
-    # lists rather than generators throughout: torch.compile traces this function
-    keep = [d for d in range(ndim) if d not in axes]
-    perm = (*keep, *axes)
-    shape = tuple(x.shape)
-    kept = [shape[d] for d in keep]
-    joint = [shape[d] for d in axes]
-    identity = perm == tuple(range(ndim))
-    moved = x if identity else _permute(x, perm)
-    y = _apply(moved.reshape((*kept, math.prod(joint))), -1, op, None, safe)
-    y = y.reshape((*kept, *joint))
-    if not identity:
-        y = _permute(y, tuple([perm.index(d) for d in range(ndim)]))
+    rows, back = axes_to_rows(x, axes)
+    y = back(_apply(rows, -1, op, None, safe))
     if isinstance(x, np.generic):
         y = y[()]
     return y if out is None else _write_out(x, y, out, op)
+
+
+def joint_axes(axis, ndim: int) -> tuple[int, ...]:
+    """A tuple of axes (None: all of them), normalised; a repeated one is a ValueError."""
+    axes = tuple(range(ndim)) if axis is None else tuple([normalize_axis(a, ndim) for a in axis])
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"duplicate value in axis={axis!r}")
+    return axes
+
+
+def axes_to_rows(a, axes: tuple[int, ...]):
+    """``a`` with ``axes`` moved to the end and flattened into one (a copy where the layout needs
+    one), and the function that puts a result of that layout back. Lists rather than generators
+    throughout: torch.compile traces this function."""
+    ndim = a.ndim
+    keep = [d for d in range(ndim) if d not in axes]
+    perm = (*keep, *axes)
+    shape = tuple(a.shape)
+    kept = [shape[d] for d in keep]
+    joint = [shape[d] for d in axes]
+    identity = perm == tuple(range(ndim))
+
+    def back(r):
+        r = r.reshape((*kept, *joint))
+        return r if identity else _permute(r, tuple([perm.index(d) for d in range(ndim)]))
+
+    return (a if identity else _permute(a, perm)).reshape((*kept, math.prod(joint))), back
 
 
 def _permute(a, perm):
@@ -268,13 +282,14 @@ def _out_array(out):
     return classify(out).array
 
 
-def _write_out(x, y, out, op: str):
-    """Copy a computed result into out=, after the checks the direct path makes of out."""
+def _write_out(x, y, out, op: str, source: str = "the input"):
+    """Copy a computed result into out=, after the checks the direct path makes of out (against
+    ``x``, named ``source`` in the errors)."""
     how = _torch_route(x)
     if how is not None:
         _check_torch_out(how, x, out, op)
         return out.copy_(y)
-    dst = _check_out(classify(x), out)
+    dst = _check_out(classify(x), out, source)
     dst.array[...] = classify(y).array
     return out
 
