@@ -1156,15 +1156,27 @@ def _gradient_formula(torch, op: str, dy, y, axis: int):
     return dy - y.exp() * dy.sum(axis, keepdim=True)
 
 
+def _torch_cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    return None if torch.cuda.is_available() else "torch sees no CUDA or ROCm device"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(_torch_cuda_reason() is not None, reason=f"{_torch_cuda_reason()}")])])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-def test_torch_gradient_functions_are_differentiable(op):
+def test_torch_gradient_functions_are_differentiable(op, device):
     """ps.softmax_backward / ps.log_softmax_backward of tensors that require grad, or inside
     torch.func transforms and torch.compile, are recorded as the formula's derivatives (double
-    backward, jacrev / jacfwd, vmap of grad); out= of such a tensor is refused as for the forward."""
+    backward, jacrev / jacfwd, vmap of grad); out= of such a tensor is refused as for the forward.
+    On a GPU the derivatives run the gradient kernels (float64, so gradcheck's tolerances hold)."""
     torch = pytest.importorskip("torch")
     fn = getattr(ps, f"{op}_backward")
-    y = getattr(torch, op)(torch.randn(4, 3, 5, dtype=torch.float64), 1)
-    dy, v = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+    y = getattr(torch, op)(torch.randn(4, 3, 5, dtype=torch.float64, device=device), 1)
+    dy = torch.randn(4, 3, 5, dtype=torch.float64, device=device)
+    v = torch.randn(4, 3, 5, dtype=torch.float64, device=device)
     d, w = dy.clone().requires_grad_(), y.clone().requires_grad_()
     dx = fn(d, w, 1)
     assert dx.grad_fn is not None
