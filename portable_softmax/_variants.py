@@ -605,9 +605,17 @@ def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, i
             if grad_rows_batch(dtype, warp, lanes, slots, vec) == 1]
 
 
+#: The gradients from y whose fitted kernels at 8 16-byte slots a thread are capped at 96 registers
+#: (backward.cuh grad_fitted_registers): under their shape's bound they took 104-105, so that a fitted
+#: block held one a multiprocessor as the shape's does. The others took 96 there; capped, float32
+#: softmax's spilled and float64 log_softmax's ran 1-2 points slower (docs/design.md).
+GRAD_FITTED_CAPPED = {("float32", "log_softmax"), ("float64", "softmax")}
+
+
 def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[Entry]:
     """The rows regime's gradient entries at one width: from y for each of ``shapes``, and from x
-    beside those of grad_from_input_shapes; blocks a row (more lanes than a warp) also fitted."""
+    beside those of grad_from_input_shapes; blocks a row (more lanes than a warp) also fitted, those
+    of GRAD_FITTED_CAPPED at 16-byte slots under a register cap."""
     tag, ctype, _ = DTYPES[dtype]
     from_input = set(grad_from_input_shapes(dtype, warp, vec))
     out = []
@@ -619,7 +627,9 @@ def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[
         for name, macro in names:
             out.append(Entry(name, macro + "_ENTRY", args))
             if lanes > warp:
-                out.append(Entry(fitted_name(name), macro + "_FITTED_ENTRY", args))
+                capped = macro == "PS_GRAD_ROWS" and (dtype, op) in GRAD_FITTED_CAPPED and vec * DTYPES[dtype][2] == 16
+                fitted_macro = macro + ("_FITTED_CAPPED_ENTRY" if capped else "_FITTED_ENTRY")
+                out.append(Entry(fitted_name(name), fitted_macro, args))
     return out
 
 

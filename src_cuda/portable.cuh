@@ -202,6 +202,14 @@ template <int PENDING> PS_DEVICE void async_copy_wait_group() { ps_emu_async_wai
 #else
 #define PS_LAUNCH_BOUNDS_MIN(threads, blocks) __launch_bounds__(threads, blocks)
 #endif
+// At most `registers` a thread, the block's threads unbounded, for kernels launched at fewer threads
+// than `threads`; where the compiler takes no such cap (CUDA before 12.4, HIP), PS_LAUNCH_BOUNDS_MIN.
+#if !defined(__HIP__) && !defined(__HIPCC__) && defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204)
+#define PS_MAX_REGISTERS(threads, blocks, registers) __maxnreg__(registers)
+#else
+#define PS_MAX_REGISTERS(threads, blocks, registers) PS_LAUNCH_BOUNDS_MIN(threads, blocks)
+#endif
 #define PS_THREAD_FENCE() __threadfence()
 #define PS_ATOMIC_ADD(address, value) atomicAdd((address), (value))
 // A 64-bit word one block writes and others poll: an aligned 8-byte access is single-copy atomic

@@ -151,6 +151,7 @@ inline V warp_shfl_xor(V v, int lane_mask, int width) {
 #define PS_GRID_DIM_X (ps_emu_current_ids->grid_dim_x)
 #define PS_LAUNCH_BOUNDS(threads)
 #define PS_LAUNCH_BOUNDS_MIN(threads, blocks)
+#define PS_MAX_REGISTERS(threads, blocks, registers)
 #define PS_DYNAMIC_SHARED_BYTES(name) float4* const name = ps_emu_current_ids->dynamic_shared
 
 // ---- communication between blocks ----------------------------------------------------
