@@ -420,3 +420,10 @@ def test_docstring_examples():
     for module in (cli, _tolerance):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_python_dash_m_runs_the_command():
+    """`python -m portable_softmax` is the command where the script is not on PATH."""
+    done = subprocess.run([sys.executable, "-m", "portable_softmax", "--version"], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == f"portable-softmax {portable_softmax.__version__}"
