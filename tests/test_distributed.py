@@ -341,12 +341,16 @@ def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str
     with open(out + ".tmp", "w") as f:  # renamed whole: the parent reads all of it or none
         json.dump(results, f)
     os.replace(out + ".tmp", out)
-    # No rank tears its group down while another may still be in a collective: each waits until
-    # every rank's results are written (torch's gloo can abort a rank whose peer closed its pairs).
+    # Torch's gloo can abort a rank in the group's teardown while a peer closes its pairs
+    # ("terminate called without an active exception"): once every rank's results are written (no
+    # rank is in a collective), a gloo rank leaves without tearing the group down.
     outs = [os.path.join(os.path.dirname(out), f"rank{r}.json") for r in range(world)]
     deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
     while not all(os.path.exists(o) for o in outs) and time.monotonic() < deadline:
         time.sleep(0.01)
+    if backend == "gloo":
+        sys.stdout.flush()
+        os._exit(0)
     dist.destroy_process_group()
 
 
