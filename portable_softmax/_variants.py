@@ -606,7 +606,7 @@ def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, i
 
 
 #: The gradients from y whose fitted kernels at 8 16-byte slots a thread are capped at 96 registers
-#: (backward.cuh grad_fitted_registers): under their shape's bound they took 104-105, so that a fitted
+#: (backward.cuh kGradFittedMaxRegisters): under their shape's bound they took 104-105, so that a fitted
 #: block held one a multiprocessor as the shape's does. The others took 96 there; capped, float32
 #: softmax's spilled and float64 log_softmax's ran 1-2 points slower (docs/design.md).
 GRAD_FITTED_CAPPED = {("float32", "log_softmax"), ("float64", "softmax")}

@@ -1141,13 +1141,9 @@ constexpr int grad_rows_min_blocks(int threads) {
   const int least = kWide16Bit<T, VEC> && BLOCK ? (FROM_INPUT ? 768 : 1024) : 512;
   return threads > 512 ? 1 : (least + threads - 1) / threads;
 }
-// A capped fitted block's registers: its shape's bound, and at most 96, at which two blocks of up to
-// 10 warps fit a multiprocessor's four register files (docs/design.md).
+// A capped fitted block's registers, at which two blocks of up to 10 warps fit a multiprocessor's
+// four register files (docs/design.md).
 const int kGradFittedMaxRegisters = 96;
-template <typename T, int VEC> constexpr int grad_fitted_registers(int threads) {
-  const int bound = 65536 / (threads * grad_rows_min_blocks<T, VEC, true>(threads)) / 8 * 8;
-  return bound < kGradFittedMaxRegisters ? bound : kGradFittedMaxRegisters;
-}
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 // ... and three for the 16-bit gradient from x: 80 registers, where four blocks' 64 spilled 112-188
 // bytes and ran 5-12 points slower (docs/design.md)
@@ -1190,7 +1186,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
 
 // A block a row's kernels at fewer threads than the shape's (slot_stride's FITTED), from y and from x.
 // From y they take the shape's launch bound, or (CAPPED, _variants.GRAD_FITTED_CAPPED) at most
-// grad_fitted_registers: kernels of 8 16-byte slots a thread that took 104-105 registers under the
+// kGradFittedMaxRegisters: kernels of 8 16-byte slots a thread that took 104-105 registers under the
 // bound, so that their fitted blocks held one a multiprocessor, as the shape's do.
 #define PS_GRAD_ROWS_FITTED_KERNEL(BOUNDS, DT, T, OPN, OP, W, G, S, V)                                   \
   PS_GLOBAL void BOUNDS ps_bwd_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                     \
@@ -1204,7 +1200,7 @@ const int kGradStreamThreads = 256;       // the two-pass split
                              OPN, OP, W, G, S, V)
 #define PS_GRAD_ROWS_FITTED_CAPPED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                     \
   PS_GRAD_ROWS_FITTED_KERNEL(PS_MAX_REGISTERS(G, (ps::grad_rows_min_blocks<T, V, true>(G)),              \
-                                              (ps::grad_fitted_registers<T, V>(G))),                     \
+                                              ps::kGradFittedMaxRegisters),                              \
                              DT, T, OPN, OP, W, G, S, V)
 #define PS_GRAD_ROWS_FROM_INPUT_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                 \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true, true>(G)))                  \
