@@ -1164,8 +1164,11 @@ def _torch_cuda_reason() -> str | None:
     return None if torch.cuda.is_available() else "torch sees no CUDA or ROCm device"
 
 
+_TORCH_CUDA_SKIP = _torch_cuda_reason()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(_torch_cuda_reason() is not None, reason=f"{_torch_cuda_reason()}")])])
+    pytest.mark.gpu, pytest.mark.skipif(_TORCH_CUDA_SKIP is not None, reason=f"{_TORCH_CUDA_SKIP}")])])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_torch_gradient_functions_are_differentiable(op, device):
     """ps.softmax_backward / ps.log_softmax_backward of tensors that require grad, or inside

@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -344,7 +345,7 @@ def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str
     # Torch's gloo can abort a rank in the group's teardown while a peer closes its pairs
     # ("terminate called without an active exception"): once every rank's results are written (no
     # rank is in a collective), a gloo rank leaves without tearing the group down.
-    outs = [os.path.join(os.path.dirname(out), f"rank{r}.json") for r in range(world)]
+    outs = [_results_file(os.path.dirname(out), r) for r in range(world)]
     deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
     while not all(os.path.exists(o) for o in outs) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -352,6 +353,11 @@ def _worker(rank: int, world: int, store: str, out: str, seed: int, backend: str
         sys.stdout.flush()
         os._exit(0)
     dist.destroy_process_group()
+
+
+def _results_file(folder, rank: int) -> str:
+    """Where a rank of a spawned group writes its cases' outcomes (the parent and the ranks read them)."""
+    return os.path.join(folder, f"rank{rank}.json")
 
 
 def zlib_crc(name: str) -> int:
@@ -376,7 +382,7 @@ def group_results(tmp_path_factory):
     def spawn(world: int, backend: str) -> list[dict] | str:
         seed = int(os.environ.get("PORTABLE_SOFTMAX_TEST_SEED") or secrets.randbits(31))
         tmp = tmp_path_factory.mktemp(f"{backend}{world}")
-        store, outs = tmp / "store", [tmp / f"rank{r}.json" for r in range(world)]
+        store, outs = tmp / "store", [Path(_results_file(tmp, r)) for r in range(world)]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
             [os.path.dirname(os.path.dirname(os.path.abspath(distributed.__file__))),
              os.environ.get("PYTHONPATH", "")]))
