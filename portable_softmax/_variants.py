@@ -605,11 +605,29 @@ def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, i
             if grad_rows_batch(dtype, warp, lanes, slots, vec) == 1]
 
 
-#: The gradients from y whose fitted kernels at 8 16-byte slots a thread are capped at 96 registers
-#: (backward.cuh kGradFittedMaxRegisters): under their shape's bound they took 104-105, so that a fitted
-#: block held one a multiprocessor as the shape's does. The others took 96 there; capped, float32
-#: softmax's spilled and float64 log_softmax's ran 1-2 points slower (docs/design.md).
-GRAD_FITTED_CAPPED = {("float32", "log_softmax"), ("float64", "softmax")}
+#: The gradients from y whose fitted kernels at 16-byte slots are capped at
+#: grad_fitted_max_registers, (dtype, op) -> the block shapes' threads: under their shape's bound
+#: they took more (104-105 at 8 slots a thread, 64 at 1024 threads of 4), so that a fitted block
+#: held fewer a multiprocessor. The others take no more there; capped, float32 softmax's spilled and
+#: float64 log_softmax's ran 1-2 points slower (docs/design.md).
+GRAD_FITTED_CAPPED = {
+    ("float32", "log_softmax"): (128, 256, 512),
+    ("float64", "softmax"): (128, 256, 512),
+    ("bfloat16", "softmax"): (1024,),
+    ("bfloat16", "log_softmax"): (1024,),
+    ("float16", "softmax"): (1024,),
+    ("float16", "log_softmax"): (1024,),
+}
+
+
+def grad_fitted_max_registers(dtype: str, warp: int) -> int:
+    """The registers a thread of a capped fitted kernel: the most at which two blocks of the fewest
+    warps fitted to the largest block shape (half its threads and one warp more) fit an NVIDIA
+    multiprocessor's four register files of 16384 registers, taken in steps of 8 a thread (96 at
+    512 threads, 56 at 1024)."""
+    threads = max(lanes for lanes, _ in grad_block_shapes(dtype, vector_widths(dtype)[1], False))
+    warps_a_file = -(-2 * (threads // 2 + warp) // 32 // 4)
+    return 16384 // (32 * warps_a_file) // 8 * 8
 
 
 def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[Entry]:
@@ -627,9 +645,13 @@ def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[
         for name, macro in names:
             out.append(Entry(name, macro + "_ENTRY", args))
             if lanes > warp:
-                capped = macro == "PS_GRAD_ROWS" and (dtype, op) in GRAD_FITTED_CAPPED and vec * DTYPES[dtype][2] == 16
-                fitted_macro = macro + ("_FITTED_CAPPED_ENTRY" if capped else "_FITTED_ENTRY")
-                out.append(Entry(fitted_name(name), fitted_macro, args))
+                capped = (macro == "PS_GRAD_ROWS" and lanes in GRAD_FITTED_CAPPED.get((dtype, op), ())
+                          and vec * DTYPES[dtype][2] == 16)
+                if capped:
+                    out.append(Entry(fitted_name(name), macro + "_FITTED_CAPPED_ENTRY",
+                                     args + (grad_fitted_max_registers(dtype, warp),)))
+                else:
+                    out.append(Entry(fitted_name(name), macro + "_FITTED_ENTRY", args))
     return out
 
 

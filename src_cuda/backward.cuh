@@ -1140,9 +1140,6 @@ constexpr int grad_rows_min_blocks(int threads) {
   const int least = kWide16Bit<T, VEC> && BLOCK ? (FROM_INPUT ? 768 : 1024) : 512;
   return threads > 512 ? 1 : (least + threads - 1) / threads;
 }
-// A capped fitted block's registers, at which two blocks of up to 10 warps fit a multiprocessor's
-// four register files (docs/design.md).
-const int kGradFittedMaxRegisters = 96;
 const int kGradCachedMinBlocks = 4;       // ... at least this many a multiprocessor
 // ... and three for the 16-bit gradient from x: 80 registers, where four blocks' 64 spilled 112-188
 // bytes and ran 5-12 points slower (docs/design.md)
@@ -1184,9 +1181,9 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
 // A block a row's kernels at fewer threads than the shape's (slot_stride's FITTED), from y and from x.
-// From y they take the shape's launch bound, or (CAPPED, _variants.GRAD_FITTED_CAPPED) at most
-// kGradFittedMaxRegisters: kernels of 8 16-byte slots a thread that took 104-105 registers under the
-// bound, so that their fitted blocks held one a multiprocessor, as the shape's do.
+// From y they take the shape's launch bound, or (CAPPED, _variants.GRAD_FITTED_CAPPED) at most R
+// registers a thread (_variants.grad_fitted_max_registers): kernels that took more under the bound,
+// so that their fitted blocks held fewer a multiprocessor.
 #define PS_GRAD_ROWS_FITTED_KERNEL(BOUNDS, DT, T, OPN, OP, W, G, S, V)                                   \
   PS_GLOBAL void BOUNDS ps_bwd_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                     \
       const T* dy, const T* y, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs,  \
@@ -1197,10 +1194,9 @@ const int kGradStreamThreads = 256;       // the two-pass split
 #define PS_GRAD_ROWS_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                            \
   PS_GRAD_ROWS_FITTED_KERNEL(PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true>(G))), DT, T,  \
                              OPN, OP, W, G, S, V)
-#define PS_GRAD_ROWS_FITTED_CAPPED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                     \
-  PS_GRAD_ROWS_FITTED_KERNEL(PS_MAX_REGISTERS(G, (ps::grad_rows_min_blocks<T, V, true>(G)),              \
-                                              ps::kGradFittedMaxRegisters),                              \
-                             DT, T, OPN, OP, W, G, S, V)
+#define PS_GRAD_ROWS_FITTED_CAPPED_ENTRY(DT, T, OPN, OP, W, G, S, V, R)                                  \
+  PS_GRAD_ROWS_FITTED_KERNEL(PS_MAX_REGISTERS(G, (ps::grad_rows_min_blocks<T, V, true>(G)), R), DT, T,   \
+                             OPN, OP, W, G, S, V)
 #define PS_GRAD_ROWS_FROM_INPUT_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                 \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true, true>(G)))                  \
       ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                            \

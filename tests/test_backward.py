@@ -572,9 +572,11 @@ def test_gradient_from_input_matches_the_reference(runtime, rng, dtype, op, offs
 
 #: rows a block a row holds in fewer threads than its shape (a row a little past the shape below),
 #: on the emulated profile at warp 32 or 64 (a warp holds some of them at 64, or misaligned): float32
-#: and float64 in blocks of 8 slots a thread, 16-bit ones of 4, and whole 16-bit rows of 2
+#: and float64 in blocks of 8 slots a thread, 16-bit ones of 4 (up to 1024 threads), and whole 16-bit
+#: rows of 2
 FITTED_SHAPES = {"float32": [(5, 1100), (3, 4200), (4, 2100)], "float64": [(5, 700), (3, 2100)],
-                 "bfloat16": [(5, 2056), (3, 4200), (4, 1032)], "float16": [(5, 2056), (3, 4200), (4, 1032)]}
+                 "bfloat16": [(5, 2056), (3, 4200), (4, 1032), (2, 16400)],
+                 "float16": [(5, 2056), (3, 4200), (4, 1032), (2, 16400)]}
 
 
 @pytest.mark.parametrize("offset", [0, 1])

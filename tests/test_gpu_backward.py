@@ -69,6 +69,37 @@ def test_cupy_every_regime(rng, dtype, op):
     assert {"warp", "block", "cached", "split"} <= tiers
 
 
+#: rows a little past a block shape, each of whose fitted kernels holds more blocks a multiprocessor
+#: than the shape's on an NVIDIA multiprocessor of 65536 registers and 2048 threads (sm_80, sm_90):
+#: the kernels of _variants.GRAD_FITTED_CAPPED only under their register cap (float32 log_softmax's
+#: and float64 softmax's at 8200 and 4200 columns, 16-bit ones at 16400); enough rows that they take
+#: no split (planner_backward.GradTuning.few_rows_fraction)
+FITTED_ROWS = {"float32": [(256, 1100), (256, 8200)], "float64": [(256, 2100), (256, 4200)],
+               "bfloat16": [(256, 2056), (256, 16400)], "float16": [(256, 8200), (256, 16400)]}
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", FNS)
+@pytest.mark.parametrize("dtype", list(FITTED_ROWS))
+def test_rows_past_a_block_shape_launch_at_their_fitted_block(rng, dtype, op):
+    """The runtime launches the fitted kernel at the fewest warps that hold the row, its output right."""
+    cupy = pytest.importorskip("cupy")
+    runtime = _probe.runtime("cuda")
+    arch = runtime.profile(0).arch
+    if arch not in ("sm_80", "sm_90"):
+        pytest.skip(f"which block holds more a multiprocessor is counted for sm_80 and sm_90, not {arch}")
+    for shape in FITTED_ROWS[dtype]:
+        y = forward_output(rng, shape, 1, op, dtype)
+        dy = rng.standard_normal(shape).astype(y.dtype)
+        dy_d, y_d = cupy.asarray(dy), cupy.asarray(y)
+        step = _plan(dy_d, y_d, 1, op).launches[0]
+        made = runtime.resident_step(step, dtype, 0)
+        assert (made.kernel, made.block) == (step.fitted_kernel, step.fitted_block), (shape, step, made)
+        out = cupy.full(shape, np.nan, dtype=y.dtype)  # poisoned
+        assert FNS[op](dy_d, y_d, 1, out=out) is out
+        assert_gradient(cupy.asnumpy(out), dy, y, 1, op, f"cupy {dtype} {shape} at {made.block} threads")
+
+
 @needs_cuda
 @pytest.mark.parametrize("op", FNS)
 @pytest.mark.parametrize("dtype, shape", [("float32", (4, 600_000)), ("bfloat16", (8, 2_097_152))])
