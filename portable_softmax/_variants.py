@@ -620,6 +620,16 @@ GRAD_FITTED_CAPPED = {
 }
 
 
+#: ... and the gradients from x whose fitted kernels are: 63-64 registers under the shape's bound, 56
+#: with no spill in float16 and 4-32 bytes spilled in bfloat16, faster in both (docs/design.md)
+GRAD_FROM_INPUT_FITTED_CAPPED = {
+    ("bfloat16", "softmax"): (1024,),
+    ("bfloat16", "log_softmax"): (1024,),
+    ("float16", "softmax"): (1024,),
+    ("float16", "log_softmax"): (1024,),
+}
+
+
 def grad_fitted_max_registers(dtype: str, warp: int) -> int:
     """The registers a thread of a capped fitted kernel: the most at which two blocks of the fewest
     warps fitted to the largest block shape (half its threads and one warp more) fit an NVIDIA
@@ -645,8 +655,8 @@ def grad_rows_entries(dtype: str, op: str, warp: int, vec: int, shapes) -> list[
         for name, macro in names:
             out.append(Entry(name, macro + "_ENTRY", args))
             if lanes > warp:
-                capped = (macro == "PS_GRAD_ROWS" and lanes in GRAD_FITTED_CAPPED.get((dtype, op), ())
-                          and vec * DTYPES[dtype][2] == 16)
+                capped_shapes = (GRAD_FITTED_CAPPED if macro == "PS_GRAD_ROWS" else GRAD_FROM_INPUT_FITTED_CAPPED)
+                capped = lanes in capped_shapes.get((dtype, op), ()) and vec * DTYPES[dtype][2] == 16
                 if capped:
                     out.append(Entry(fitted_name(name), macro + "_FITTED_CAPPED_ENTRY",
                                      args + (grad_fitted_max_registers(dtype, warp),)))

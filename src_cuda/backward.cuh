@@ -1181,9 +1181,9 @@ const int kGradStreamThreads = 256;       // the two-pass split
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
 
 // A block a row's kernels at fewer threads than the shape's (slot_stride's FITTED), from y and from x.
-// From y they take the shape's launch bound, or (CAPPED, _variants.GRAD_FITTED_CAPPED) at most R
-// registers a thread (_variants.grad_fitted_max_registers): kernels that took more under the bound,
-// so that their fitted blocks held fewer a multiprocessor.
+// They take the shape's launch bound, or (CAPPED: _variants.GRAD_FITTED_CAPPED, from x
+// GRAD_FROM_INPUT_FITTED_CAPPED) at most R registers a thread (_variants.grad_fitted_max_registers):
+// kernels that took more under the bound, so that their fitted blocks held fewer a multiprocessor.
 #define PS_GRAD_ROWS_FITTED_KERNEL(BOUNDS, DT, T, OPN, OP, W, G, S, V)                                   \
   PS_GLOBAL void BOUNDS ps_bwd_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                     \
       const T* dy, const T* y, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 ys, ps::i64 dxs,  \
@@ -1197,14 +1197,19 @@ const int kGradStreamThreads = 256;       // the two-pass split
 #define PS_GRAD_ROWS_FITTED_CAPPED_ENTRY(DT, T, OPN, OP, W, G, S, V, R)                                  \
   PS_GRAD_ROWS_FITTED_KERNEL(PS_MAX_REGISTERS(G, (ps::grad_rows_min_blocks<T, V, true>(G)), R), DT, T,   \
                              OPN, OP, W, G, S, V)
-#define PS_GRAD_ROWS_FROM_INPUT_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                 \
-  PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true, true>(G)))                  \
-      ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(                            \
-          const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs,           \
-          ps::i64 dxs, int safe) {                                                                       \
+#define PS_GRAD_ROWS_FROM_INPUT_FITTED_KERNEL(BOUNDS, DT, T, OPN, OP, W, G, S, V)                        \
+  PS_GLOBAL void BOUNDS ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V(          \
+      const T* dy, const T* x, T* dx, ps::i64 rows, ps::i64 cols, ps::i64 dys, ps::i64 xs, ps::i64 dxs,  \
+      int safe) {                                                                                        \
     ps::grad_rows<T, OP, W, G, S, V, true, true>(dy, x, dx, rows, cols, dys, xs, dxs, safe);             \
   }                                                                                                      \
   PS_EXPORT_KERNEL(ps_bwd_from_input_rows_fitted_##DT##_##OPN##_w##W##_g##G##_s##S##_v##V)
+#define PS_GRAD_ROWS_FROM_INPUT_FITTED_ENTRY(DT, T, OPN, OP, W, G, S, V)                                 \
+  PS_GRAD_ROWS_FROM_INPUT_FITTED_KERNEL(PS_LAUNCH_BOUNDS_MIN(G, (ps::grad_rows_min_blocks<T, V, true, true>(G))), \
+                                        DT, T, OPN, OP, W, G, S, V)
+#define PS_GRAD_ROWS_FROM_INPUT_FITTED_CAPPED_ENTRY(DT, T, OPN, OP, W, G, S, V, R)                       \
+  PS_GRAD_ROWS_FROM_INPUT_FITTED_KERNEL(PS_MAX_REGISTERS(G, (ps::grad_rows_min_blocks<T, V, true, true>(G)), R), \
+                                        DT, T, OPN, OP, W, G, S, V)
 
 #define PS_GRAD_CACHED_KERNEL(NAME, T, OP, W, S, V, WHOLE, FROM_INPUT)                                   \
   PS_GLOBAL void PS_LAUNCH_BOUNDS_MIN(ps::kGradCachedThreads, (ps::grad_cached_min_blocks<T, V, FROM_INPUT>())) \
