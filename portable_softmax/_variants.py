@@ -608,8 +608,10 @@ def grad_from_input_shapes(dtype: str, warp: int, vec: int) -> list[tuple[int, i
 #: The gradients from y whose fitted kernels at 16-byte slots are capped at
 #: grad_fitted_max_registers, (dtype, op) -> the block shapes' threads: under their shape's bound
 #: they took more (104-105 at 8 slots a thread, 64 at 1024 threads of 4), so that a fitted block
-#: held fewer a multiprocessor. The others take no more there; capped, float32 softmax's spilled and
-#: float64 log_softmax's ran 1-2 points slower (docs/design.md).
+#: held fewer a multiprocessor (the smaller shapes of float32 log_softmax's and float64 softmax's
+#: too: at their bound, 104-105, their short rows ran 1-5 points slower). The others take no more
+#: there; capped, float32 softmax's spilled and float64 log_softmax's ran 1-2 points slower
+#: (docs/design.md).
 GRAD_FITTED_CAPPED = {
     ("float32", "log_softmax"): (128, 256, 512),
     ("float64", "softmax"): (128, 256, 512),

@@ -579,6 +579,30 @@ FITTED_SHAPES = {"float32": [(5, 1100), (3, 4200), (4, 2100)], "float64": [(5, 7
                  "float16": [(5, 2056), (3, 4200), (4, 1032), (2, 16400)]}
 
 
+@pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
+def test_capped_fitted_kernels_hold_two_of_their_fewest_warp_blocks(dtype):
+    """The register cap of the capped fitted kernels: two blocks of the fewest warps fitted to the
+    largest block shape fit a multiprocessor's four register files of 16384 at it, not 8 more; each
+    capped entry of the generated source carries it."""
+    def warps_held(registers: int) -> int:
+        return 4 * (16384 // (32 * registers))
+
+    largest = max(lanes for lanes, _ in V.grad_block_shapes(dtype, V.vector_widths(dtype)[1], False))
+    for warp in V.WARP_SIZES:
+        registers = V.grad_fitted_max_registers(dtype, warp)
+        warps = 2 * (largest // 2 + warp) // 32
+        assert warps_held(registers) >= warps > warps_held(registers + 8), (dtype, warp, registers)
+    source = (SRC_CUDA / V.source_file_name(dtype)).read_text()
+    capped = [line for line in source.splitlines() if "_FITTED_CAPPED_ENTRY(" in line]
+    expected = {(op, lanes) for table in (V.GRAD_FITTED_CAPPED, V.GRAD_FROM_INPUT_FITTED_CAPPED)
+                for (dt, op), shapes in table.items() if dt == dtype for lanes in shapes}
+    assert bool(capped) == bool(expected)
+    for line in capped:
+        params = [p.strip() for p in line[line.index("(") + 1:line.rindex(")")].split(",")]
+        assert (params[2], int(params[5])) in expected, line
+        assert int(params[-1]) == V.grad_fitted_max_registers(dtype, int(params[4])), line
+
+
 @pytest.mark.parametrize("offset", [0, 1])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", list(NUMPY_DTYPES))
